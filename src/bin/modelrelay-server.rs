@@ -1,0 +1,66 @@
+//! `modelrelay-server` entry point: configuration, signals, exit codes.
+//! Exit status: 0 after a clean shutdown, 1 when the listener cannot start, 2 on bad
+//! configuration.
+
+use std::process::ExitCode;
+
+use modelrelay::cli::{self, Parsed};
+use modelrelay::server::{self, config, ServerConfig};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let settings = match cli::parse(config::OPTIONS, &args, &|k| std::env::var(k).ok()) {
+        Ok(Parsed::Run(s)) => s,
+        Ok(Parsed::Help) => {
+            print!("{}", cli::help(config::USAGE, config::OPTIONS));
+            println!("\nSignals: SIGTERM/SIGINT drain in-flight requests (DRAIN_TIMEOUT_SECS), then exit 0.\nLogging: LOG_LEVEL or RUST_LOG (error, warn, info, debug, trace).");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Version) => {
+            println!("modelrelay-server {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return bad_config(&e.to_string()),
+    };
+    cli::init_logging("info");
+    let cfg = match ServerConfig::from_settings(&settings) {
+        Ok(cfg) => cfg,
+        Err(e) => return bad_config(&e.to_string()),
+    };
+    let server = match server::start(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("modelrelay-server: cannot listen: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let handle = server.shutdown_handle();
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]);
+    match signals {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                let mut seen = 0;
+                for _ in signals.forever() {
+                    seen += 1;
+                    if seen == 1 {
+                        log::info!("signal received: draining (send again to exit at once)");
+                        handle.shutdown();
+                    } else {
+                        std::process::exit(130);
+                    }
+                }
+            });
+        }
+        Err(e) => log::warn!("cannot install signal handlers: {e}"),
+    }
+    server.wait();
+    ExitCode::SUCCESS
+}
+
+fn bad_config(message: &str) -> ExitCode {
+    eprintln!("modelrelay-server: {message}");
+    ExitCode::from(2)
+}

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("modelrelay-worker: not built yet");
+    std::process::exit(2);
+}

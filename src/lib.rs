@@ -1,0 +1,22 @@
+//! modelrelay: a self-hosted relay for LLM inference.
+//!
+//! GPU boxes run a local OpenAI-compatible backend and a `modelrelay-worker` that dials
+//! **out** to one `modelrelay-server` over WebSocket. Clients talk ordinary OpenAI or
+//! Anthropic HTTP to the server, which queues, routes, streams, cancels and requeues.
+//!
+//! Map of the crate (read this first):
+//!
+//! | module | what it does |
+//! |---|---|
+//! | [`protocol`] | the JSON messages on the worker WebSocket (protocol v1) |
+//! | [`ws`] | WebSocket reader/writer split shared by both binaries |
+//! | [`cli`] | option tables: flags, environment variables, `--help` |
+//! | [`server`] | the relay: [`server::http`] front, [`server::relay`] client sessions, [`server::worker_socket`], and the [`server::dispatcher`] state machine that owns all routing state |
+//!
+//! No async runtime: OS threads and crossbeam channels, with one dispatcher thread that
+//! alone owns the queue and the registry.
+
+pub mod cli;
+pub mod protocol;
+pub mod server;
+pub mod ws;

@@ -1,0 +1,485 @@
+//! Wire protocol v1 between `modelrelay-server` and `modelrelay-worker`.
+//!
+//! Every WebSocket text frame carries one JSON object tagged by `"type"`. The shapes match
+//! the deployed ModelRelay protocol byte for byte, so either side interoperates with the
+//! original implementation. Parsing is deliberately lenient: unknown fields are ignored,
+//! unknown message types decode to [`WorkerMessage::Unknown`] / [`ServerMessage::Unknown`]
+//! and a message missing a required field is an [`Malformed`] error the caller logs and
+//! skips. Nothing here ever closes a connection by itself.
+//!
+//! Extensions (all optional, only used when the peer opted in):
+//! * `features` on `register` and `register_ack`: the capabilities each side supports.
+//! * `status_code` on `error`: the HTTP status the worker wants the client to see.
+//! * `worker_draining` (worker → server): "finish my in-flight work, send me nothing new".
+//!   Only sent when the server listed [`FEATURE_WORKER_DRAIN`] in its `register_ack`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version string of this implementation.
+pub const PROTOCOL_VERSION: &str = "1";
+/// Version string sent by deployed ModelRelay 0.2.x workers and required by its servers.
+pub const BRIDGE_PROTOCOL_VERSION: &str = "2026-04-bridge-v1";
+/// Server feature: the worker may send `worker_draining`.
+pub const FEATURE_WORKER_DRAIN: &str = "worker_drain";
+/// Worker feature: the worker answers every `cancel` with a final message for that id.
+pub const FEATURE_CANCEL_ACK: &str = "cancel_ack";
+
+/// Whether a worker announcing `version` can be served (absent = legacy worker, accepted).
+pub fn is_supported_version(version: Option<&str>) -> bool {
+    matches!(
+        version,
+        None | Some(PROTOCOL_VERSION) | Some(BRIDGE_PROTOCOL_VERSION)
+    )
+}
+
+/// Header names and values, lower-case names by convention.
+pub type HeaderMap = BTreeMap<String, String>;
+
+/// Token usage reported by a backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenCounts {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_tokens: Option<u64>,
+}
+
+/// `register`: first message a worker sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RegisterMessage {
+    pub worker_name: String,
+    pub models: Vec<String>,
+    pub max_concurrent: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_load: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+}
+
+/// `register_ack`: the server's answer to `register`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RegisterAck {
+    pub worker_id: String,
+    pub models: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol_version: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+}
+
+/// `request`: one inference request for a worker. The body is the client's raw JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestMessage {
+    pub request_id: String,
+    pub model: String,
+    pub endpoint_path: String,
+    pub is_streaming: bool,
+    pub body: Arc<str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: HeaderMap,
+}
+
+/// Why the server cancels a request (`cancel.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelReason {
+    ClientDisconnect,
+    Timeout,
+    GracefulShutdown,
+    WorkerDisconnect,
+    RequeueExhausted,
+    ServerShutdown,
+}
+
+impl CancelReason {
+    /// The wire spelling, also used in log lines and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::ClientDisconnect => "client_disconnect",
+            CancelReason::Timeout => "timeout",
+            CancelReason::GracefulShutdown => "graceful_shutdown",
+            CancelReason::WorkerDisconnect => "worker_disconnect",
+            CancelReason::RequeueExhausted => "requeue_exhausted",
+            CancelReason::ServerShutdown => "server_shutdown",
+        }
+    }
+}
+
+/// Messages the server sends to a worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMessage {
+    RegisterAck(RegisterAck),
+    Request(Arc<RequestMessage>),
+    Cancel {
+        request_id: String,
+        reason: CancelReason,
+    },
+    Ping {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timestamp_unix_ms: Option<u64>,
+    },
+    GracefulShutdown {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        drain_timeout_secs: Option<u64>,
+    },
+    ModelsRefresh {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// A type this side does not know; never serialized.
+    #[serde(skip)]
+    Unknown(String),
+}
+
+/// `response_complete`: the end of a request, with the backend's status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ResponseComplete {
+    pub request_id: String,
+    pub status_code: u16,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: HeaderMap,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_counts: Option<TokenCounts>,
+}
+
+/// Messages a worker sends to the server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMessage {
+    Register(RegisterMessage),
+    ModelsUpdate {
+        models: Vec<String>,
+        current_load: u32,
+    },
+    ResponseChunk {
+        request_id: String,
+        chunk: String,
+    },
+    ResponseComplete(ResponseComplete),
+    Pong {
+        current_load: u32,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timestamp_unix_ms: Option<u64>,
+    },
+    Error {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        request_id: Option<String>,
+        code: String,
+        message: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        status_code: Option<u16>,
+    },
+    /// Extension: the worker is draining and wants no new requests.
+    WorkerDraining {},
+    /// A type this side does not know; never serialized.
+    #[serde(skip)]
+    Unknown(String),
+}
+
+/// A message that is valid JSON but lacks what its type requires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed(pub String);
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Every field any message may carry, all optional: one lenient pass over the JSON
+/// (no intermediate tree), then [`Raw::need`] checks what the type requires.
+#[derive(Deserialize, Default)]
+struct Raw {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    worker_name: Option<String>,
+    worker_id: Option<String>,
+    models: Option<Vec<String>>,
+    warnings: Option<Vec<String>>,
+    features: Option<Vec<String>>,
+    max_concurrent: Option<u32>,
+    protocol_version: Option<String>,
+    current_load: Option<u32>,
+    request_id: Option<String>,
+    model: Option<String>,
+    endpoint_path: Option<String>,
+    is_streaming: Option<bool>,
+    body: Option<String>,
+    headers: Option<HeaderMap>,
+    reason: Option<serde_json::Value>,
+    timestamp_unix_ms: Option<u64>,
+    drain_timeout_secs: Option<u64>,
+    chunk: Option<String>,
+    status_code: Option<u16>,
+    token_counts: Option<TokenCounts>,
+    code: Option<String>,
+    message: Option<String>,
+}
+
+fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
+    value.ok_or_else(|| Malformed(format!("`{kind}` message without `{field}`")))
+}
+
+fn parse_raw(text: &str) -> Result<(String, Raw), Malformed> {
+    let raw: Raw =
+        serde_json::from_str(text).map_err(|e| Malformed(format!("invalid JSON: {e}")))?;
+    let kind = raw
+        .kind
+        .clone()
+        .ok_or_else(|| Malformed("message without `type`".into()))?;
+    Ok((kind, raw))
+}
+
+/// Reads a reason that is a string (or the serde shape `{"other": "..."}`).
+fn reason_text(value: Option<serde_json::Value>) -> Option<String> {
+    match value? {
+        serde_json::Value::String(s) => Some(s),
+        serde_json::Value::Object(map) => map
+            .values()
+            .next()
+            .and_then(|v| v.as_str())
+            .map(String::from),
+        _ => None,
+    }
+}
+
+impl WorkerMessage {
+    /// Parses one text frame sent by a worker.
+    pub fn parse(text: &str) -> Result<WorkerMessage, Malformed> {
+        let (kind, r) = parse_raw(text)?;
+        let k = kind.as_str();
+        Ok(match k {
+            "register" => WorkerMessage::Register(RegisterMessage {
+                worker_name: r.worker_name.unwrap_or_default(),
+                models: r.models.unwrap_or_default(),
+                max_concurrent: need(r.max_concurrent, k, "max_concurrent")?,
+                protocol_version: r.protocol_version,
+                current_load: r.current_load,
+                features: r.features.unwrap_or_default(),
+            }),
+            "models_update" => WorkerMessage::ModelsUpdate {
+                models: need(r.models, k, "models")?,
+                current_load: r.current_load.unwrap_or(0),
+            },
+            "response_chunk" => WorkerMessage::ResponseChunk {
+                request_id: need(r.request_id, k, "request_id")?,
+                chunk: need(r.chunk, k, "chunk")?,
+            },
+            "response_complete" => WorkerMessage::ResponseComplete(ResponseComplete {
+                request_id: need(r.request_id, k, "request_id")?,
+                status_code: need(r.status_code, k, "status_code")?,
+                headers: r.headers.unwrap_or_default(),
+                body: r.body,
+                token_counts: r.token_counts,
+            }),
+            "pong" => WorkerMessage::Pong {
+                current_load: r.current_load.unwrap_or(0),
+                timestamp_unix_ms: r.timestamp_unix_ms,
+            },
+            "error" => WorkerMessage::Error {
+                request_id: r.request_id,
+                code: r.code.unwrap_or_else(|| "worker_error".into()),
+                message: r.message.unwrap_or_default(),
+                status_code: r.status_code,
+            },
+            "worker_draining" => WorkerMessage::WorkerDraining {},
+            _ => WorkerMessage::Unknown(kind),
+        })
+    }
+}
+
+impl ServerMessage {
+    /// Parses one text frame sent by a server.
+    pub fn parse(text: &str) -> Result<ServerMessage, Malformed> {
+        let (kind, r) = parse_raw(text)?;
+        let k = kind.as_str();
+        Ok(match k {
+            "register_ack" => ServerMessage::RegisterAck(RegisterAck {
+                worker_id: need(r.worker_id, k, "worker_id")?,
+                models: r.models.unwrap_or_default(),
+                warnings: r.warnings.unwrap_or_default(),
+                protocol_version: r.protocol_version,
+                features: r.features.unwrap_or_default(),
+            }),
+            "request" => ServerMessage::Request(Arc::new(RequestMessage {
+                request_id: need(r.request_id, k, "request_id")?,
+                model: r.model.unwrap_or_default(),
+                endpoint_path: need(r.endpoint_path, k, "endpoint_path")?,
+                is_streaming: r.is_streaming.unwrap_or(false),
+                body: Arc::from(r.body.unwrap_or_default()),
+                headers: r.headers.unwrap_or_default(),
+            })),
+            "cancel" => ServerMessage::Cancel {
+                request_id: need(r.request_id, k, "request_id")?,
+                reason: cancel_reason(reason_text(r.reason).as_deref()),
+            },
+            "ping" => ServerMessage::Ping {
+                timestamp_unix_ms: r.timestamp_unix_ms,
+            },
+            "graceful_shutdown" => ServerMessage::GracefulShutdown {
+                reason: reason_text(r.reason),
+                drain_timeout_secs: r.drain_timeout_secs,
+            },
+            "models_refresh" => ServerMessage::ModelsRefresh {
+                reason: reason_text(r.reason),
+            },
+            _ => ServerMessage::Unknown(kind),
+        })
+    }
+}
+
+fn cancel_reason(text: Option<&str>) -> CancelReason {
+    match text {
+        Some("timeout") => CancelReason::Timeout,
+        Some("graceful_shutdown") => CancelReason::GracefulShutdown,
+        Some("worker_disconnect") => CancelReason::WorkerDisconnect,
+        Some("requeue_exhausted") => CancelReason::RequeueExhausted,
+        Some("server_shutdown") => CancelReason::ServerShutdown,
+        _ => CancelReason::ClientDisconnect,
+    }
+}
+
+/// Serializes a message to its JSON text. Our types always serialize; a failure would be
+/// a bug, reported as an empty object rather than a panic.
+pub fn to_json<T: Serialize>(message: &T) -> String {
+    serde_json::to_string(message).unwrap_or_else(|_| "{}".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_register_and_ignores_unknown_fields() {
+        let text = r#"{"type":"register","worker_name":"gpu-box-1","models":["llama3-8b"],
+            "max_concurrent":4,"protocol_version":"1","current_load":0,"gpu":"4090"}"#;
+        let WorkerMessage::Register(reg) = WorkerMessage::parse(text).unwrap() else {
+            panic!("not a register")
+        };
+        assert_eq!(reg.worker_name, "gpu-box-1");
+        assert_eq!(reg.models, vec!["llama3-8b"]);
+        assert_eq!(reg.max_concurrent, 4);
+        assert_eq!(reg.protocol_version.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn unknown_type_is_not_an_error() {
+        let msg = WorkerMessage::parse(r#"{"type":"telemetry","x":1}"#).unwrap();
+        assert_eq!(msg, WorkerMessage::Unknown("telemetry".into()));
+        let msg = ServerMessage::parse(r#"{"type":"future_thing"}"#).unwrap();
+        assert_eq!(msg, ServerMessage::Unknown("future_thing".into()));
+    }
+
+    #[test]
+    fn missing_required_field_is_malformed() {
+        let err = WorkerMessage::parse(r#"{"type":"response_chunk","request_id":"r"}"#);
+        assert!(err.unwrap_err().0.contains("chunk"));
+        assert!(WorkerMessage::parse("not json").is_err());
+        assert!(WorkerMessage::parse(r#"{"no_type":1}"#).is_err());
+    }
+
+    #[test]
+    fn server_messages_serialize_in_the_documented_shape() {
+        let cancel = ServerMessage::Cancel {
+            request_id: "r-1".into(),
+            reason: CancelReason::ClientDisconnect,
+        };
+        assert_eq!(
+            to_json(&cancel),
+            r#"{"type":"cancel","request_id":"r-1","reason":"client_disconnect"}"#
+        );
+        let req = ServerMessage::Request(Arc::new(RequestMessage {
+            request_id: "r-2".into(),
+            model: "m".into(),
+            endpoint_path: "/v1/chat/completions".into(),
+            is_streaming: true,
+            body: Arc::from("{\"model\":\"m\"}"),
+            headers: HeaderMap::new(),
+        }));
+        assert_eq!(
+            to_json(&req),
+            r#"{"type":"request","request_id":"r-2","model":"m","endpoint_path":"/v1/chat/completions","is_streaming":true,"body":"{\"model\":\"m\"}"}"#
+        );
+        let ack = ServerMessage::RegisterAck(RegisterAck {
+            worker_id: "w-1".into(),
+            models: vec!["m".into()],
+            warnings: vec![],
+            protocol_version: Some("1".into()),
+            features: vec![],
+        });
+        assert_eq!(
+            to_json(&ack),
+            r#"{"type":"register_ack","worker_id":"w-1","models":["m"],"protocol_version":"1"}"#
+        );
+    }
+
+    #[test]
+    fn worker_messages_round_trip_through_the_lenient_parser() {
+        let msgs = vec![
+            WorkerMessage::ResponseChunk {
+                request_id: "r".into(),
+                chunk: "data: {\"x\":\"é\"}\n\n".into(),
+            },
+            WorkerMessage::ResponseComplete(ResponseComplete {
+                request_id: "r".into(),
+                status_code: 200,
+                headers: HeaderMap::from([("content-type".into(), "application/json".into())]),
+                body: Some("{}".into()),
+                token_counts: Some(TokenCounts {
+                    prompt_tokens: Some(1),
+                    completion_tokens: Some(2),
+                    total_tokens: Some(3),
+                }),
+            }),
+            WorkerMessage::Pong {
+                current_load: 2,
+                timestamp_unix_ms: Some(5),
+            },
+            WorkerMessage::ModelsUpdate {
+                models: vec!["a".into()],
+                current_load: 1,
+            },
+            WorkerMessage::WorkerDraining {},
+        ];
+        for msg in msgs {
+            assert_eq!(WorkerMessage::parse(&to_json(&msg)).unwrap(), msg);
+        }
+    }
+
+    #[test]
+    fn cancel_reason_accepts_strings_and_the_other_shape() {
+        let msg = ServerMessage::parse(r#"{"type":"cancel","request_id":"r","reason":"timeout"}"#);
+        assert!(matches!(
+            msg,
+            Ok(ServerMessage::Cancel {
+                reason: CancelReason::Timeout,
+                ..
+            })
+        ));
+        let msg =
+            ServerMessage::parse(r#"{"type":"cancel","request_id":"r","reason":{"other":"x"}}"#);
+        assert!(matches!(msg, Ok(ServerMessage::Cancel { .. })));
+    }
+
+    #[test]
+    fn versions() {
+        assert!(is_supported_version(None));
+        assert!(is_supported_version(Some("1")));
+        assert!(is_supported_version(Some("2026-04-bridge-v1")));
+        assert!(!is_supported_version(Some("2")));
+    }
+}

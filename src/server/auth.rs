@@ -1,0 +1,125 @@
+//! Worker authentication: constant-time secret comparison and a per-IP limiter for
+//! failed attempts, with a bounded table so a flood of addresses cannot grow memory.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use subtle::ConstantTimeEq;
+
+/// Compares secrets without leaking where they differ through timing.
+pub fn secrets_match(given: &str, expected: &str) -> bool {
+    given.as_bytes().ct_eq(expected.as_bytes()).into()
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    failures: u32,
+    window_start: Instant,
+}
+
+/// Counts failures per client IP within a window; an IP at the limit is refused until
+/// its window ends. Other IPs are unaffected.
+#[derive(Debug)]
+pub struct FailureLimiter {
+    table: Mutex<HashMap<IpAddr, Entry>>,
+    max_failures: u32,
+    window: Duration,
+    capacity: usize,
+}
+
+impl FailureLimiter {
+    pub fn new(max_failures: u32, window: Duration, capacity: usize) -> FailureLimiter {
+        FailureLimiter {
+            table: Mutex::new(HashMap::new()),
+            max_failures,
+            window,
+            capacity,
+        }
+    }
+
+    /// Whether `ip` is currently locked out.
+    pub fn is_blocked(&self, ip: IpAddr, now: Instant) -> bool {
+        let table = self.table.lock();
+        table.get(&ip).is_some_and(|e| {
+            now.saturating_duration_since(e.window_start) < self.window
+                && e.failures >= self.max_failures
+        })
+    }
+
+    pub fn record_failure(&self, ip: IpAddr, now: Instant) {
+        let mut table = self.table.lock();
+        if !table.contains_key(&ip) && table.len() >= self.capacity {
+            table.retain(|_, e| now.saturating_duration_since(e.window_start) < self.window);
+            if table.len() >= self.capacity {
+                // Still full of live entries: forget the oldest one.
+                if let Some(oldest) = table
+                    .iter()
+                    .min_by_key(|(_, e)| e.window_start)
+                    .map(|(ip, _)| *ip)
+                {
+                    table.remove(&oldest);
+                }
+            }
+        }
+        let entry = table.entry(ip).or_insert(Entry {
+            failures: 0,
+            window_start: now,
+        });
+        if now.saturating_duration_since(entry.window_start) >= self.window {
+            *entry = Entry {
+                failures: 0,
+                window_start: now,
+            };
+        }
+        entry.failures += 1;
+    }
+
+    pub fn record_success(&self, ip: IpAddr) {
+        self.table.lock().remove(&ip);
+    }
+
+    pub fn tracked(&self) -> usize {
+        self.table.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::from(n.to_be_bytes())
+    }
+
+    #[test]
+    fn compare() {
+        assert!(secrets_match("abc", "abc"));
+        assert!(!secrets_match("abd", "abc"));
+        assert!(!secrets_match("ab", "abc"));
+    }
+
+    #[test]
+    fn one_ip_is_locked_out_others_are_not_and_the_window_expires() {
+        let l = FailureLimiter::new(3, Duration::from_secs(60), 100);
+        let t = Instant::now();
+        for _ in 0..3 {
+            assert!(!l.is_blocked(ip(1), t));
+            l.record_failure(ip(1), t);
+        }
+        assert!(l.is_blocked(ip(1), t));
+        assert!(!l.is_blocked(ip(2), t));
+        assert!(!l.is_blocked(ip(1), t + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn table_is_bounded_under_a_flood_of_addresses() {
+        let l = FailureLimiter::new(3, Duration::from_secs(60), 50);
+        let t = Instant::now();
+        for n in 0..10_000 {
+            l.record_failure(ip(n), t);
+        }
+        assert!(l.tracked() <= 50);
+    }
+}

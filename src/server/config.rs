@@ -1,0 +1,147 @@
+//! `modelrelay-server` settings: the option table (flags, env vars, defaults) and the
+//! typed configuration built from it.
+
+use std::time::Duration;
+
+use super::dispatcher;
+use super::http::request::Limits;
+use crate::cli::{ConfigError, Opt, Settings};
+
+pub const USAGE: &str = "modelrelay-server — the central relay: clients speak OpenAI/Anthropic HTTP, workers dial in over WebSocket.\n\nUsage: modelrelay-server [OPTIONS]";
+
+pub const OPTIONS: &[Opt] = &[
+    Opt {
+        flag: "listen-addr",
+        env: "LISTEN_ADDR",
+        default: Some("127.0.0.1:8080"),
+        help: "address to listen on for clients and workers",
+    },
+    Opt {
+        flag: "worker-secret",
+        env: "WORKER_SECRET",
+        default: None,
+        help: "shared secret workers must present (required)",
+    },
+    Opt {
+        flag: "provider-name",
+        env: "PROVIDER_NAME",
+        default: Some("local"),
+        help: "provider name workers connect to (?provider=)",
+    },
+    Opt {
+        flag: "max-queue-len",
+        env: "MAX_QUEUE_LEN",
+        default: Some("100"),
+        help: "requests that may wait for a worker before 429",
+    },
+    Opt {
+        flag: "queue-timeout-secs",
+        env: "QUEUE_TIMEOUT_SECS",
+        default: Some("30"),
+        help: "how long a request may wait for a worker before 504",
+    },
+    Opt {
+        flag: "request-timeout-secs",
+        env: "REQUEST_TIMEOUT_SECS",
+        default: Some("300"),
+        help: "longest wait for the answer to start, and between stream chunks",
+    },
+    Opt {
+        flag: "heartbeat-interval-secs",
+        env: "HEARTBEAT_INTERVAL_SECS",
+        default: Some("15"),
+        help: "how often workers are pinged",
+    },
+    Opt {
+        flag: "heartbeat-timeout-secs",
+        env: "HEARTBEAT_TIMEOUT_SECS",
+        default: Some("45"),
+        help: "silence after which a worker is dropped",
+    },
+    Opt {
+        flag: "max-request-body-bytes",
+        env: "MAX_REQUEST_BODY_BYTES",
+        default: Some("33554432"),
+        help: "largest client request body (413 beyond)",
+    },
+    Opt {
+        flag: "max-ws-message-bytes",
+        env: "MAX_WS_MESSAGE_BYTES",
+        default: Some("67108864"),
+        help: "largest WebSocket message accepted from a worker",
+    },
+    Opt {
+        flag: "max-connections",
+        env: "MAX_CONNECTIONS",
+        default: Some("4096"),
+        help: "open connections beyond which new ones get 503",
+    },
+    Opt {
+        flag: "max-models-per-worker",
+        env: "MAX_MODELS_PER_WORKER",
+        default: Some("256"),
+        help: "models kept from one worker's advertisement",
+    },
+    Opt {
+        flag: "drain-timeout-secs",
+        env: "DRAIN_TIMEOUT_SECS",
+        default: Some("30"),
+        help: "on SIGTERM, how long in-flight requests may finish",
+    },
+    Opt {
+        flag: "idle-timeout-secs",
+        env: "IDLE_TIMEOUT_SECS",
+        default: Some("75"),
+        help: "how long an idle keep-alive client connection stays open",
+    },
+];
+
+/// Typed server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen_addr: String,
+    pub provider: String,
+    pub worker_secret: String,
+    pub dispatch: dispatcher::Config,
+    pub limits: Limits,
+    pub max_ws_message_bytes: usize,
+    pub max_connections: usize,
+    pub drain_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub fn from_settings(s: &Settings) -> Result<ServerConfig, ConfigError> {
+        let dispatch = dispatcher::Config {
+            max_queue_len: s.number("max-queue-len", 100)?,
+            queue_timeout: s.secs("queue-timeout-secs", 30)?,
+            request_timeout: s.secs("request-timeout-secs", 300)?,
+            heartbeat_interval: s.secs("heartbeat-interval-secs", 15)?,
+            heartbeat_timeout: s.secs("heartbeat-timeout-secs", 45)?,
+            max_requeues: 3,
+            max_models_per_worker: s.number("max-models-per-worker", 256)?,
+        };
+        if dispatch.heartbeat_interval.is_zero()
+            || dispatch.heartbeat_timeout < dispatch.heartbeat_interval
+        {
+            return Err(ConfigError(
+                "HEARTBEAT_TIMEOUT_SECS must be at least HEARTBEAT_INTERVAL_SECS (> 0)".into(),
+            ));
+        }
+        let limits = Limits {
+            max_body_bytes: s.number("max-request-body-bytes", 32 << 20)?,
+            idle_timeout: s.secs("idle-timeout-secs", 75)?,
+            ..Limits::default()
+        };
+        let secret = s.required("worker-secret", "WORKER_SECRET")?;
+        Ok(ServerConfig {
+            listen_addr: s.string("listen-addr", "127.0.0.1:8080"),
+            provider: s.string("provider-name", "local"),
+            worker_secret: secret,
+            dispatch,
+            limits,
+            max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
+            max_connections: s.number("max-connections", 4096)?,
+            drain_timeout: s.secs("drain-timeout-secs", 30)?,
+        })
+    }
+}

@@ -1,0 +1,214 @@
+//! The worker registry: who is connected, what they serve, how loaded they are.
+//!
+//! Owned by the dispatcher thread; nothing else touches it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
+
+use super::RequestId;
+
+/// Dispatcher-assigned worker key (the connection number).
+pub type WorkerId = u64;
+
+/// One registered worker session.
+#[derive(Debug)]
+pub struct Worker {
+    pub id: WorkerId,
+    pub wire_id: String,
+    pub name: String,
+    pub remote: String,
+    pub models: Vec<String>,
+    model_set: HashSet<String>,
+    pub max_concurrent: u32,
+    /// Requests this server has dispatched to the worker and not yet seen finish.
+    pub in_flight: HashSet<RequestId>,
+    /// Load the worker reports beyond what we dispatched (e.g. another server's work).
+    pub external_load: u32,
+    pub reported_load: u32,
+    pub drain: DrainState,
+    pub last_seen: Instant,
+    pub connected_at: Instant,
+    pub protocol_version: Option<String>,
+    pub features: Vec<String>,
+}
+
+/// Whether a worker takes new work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainState {
+    Active,
+    /// Asked by us (admin or shutdown): close the socket once idle.
+    DrainingCloseWhenIdle,
+    /// Announced by the worker: it closes its own socket when done.
+    DrainingByWorker,
+}
+
+impl Worker {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: WorkerId,
+        name: String,
+        remote: String,
+        models: Vec<String>,
+        max_concurrent: u32,
+        protocol_version: Option<String>,
+        features: Vec<String>,
+        now: Instant,
+    ) -> Worker {
+        let model_set = models.iter().cloned().collect();
+        Worker {
+            id,
+            wire_id: format!("w-{id}"),
+            name,
+            remote,
+            models,
+            model_set,
+            max_concurrent,
+            in_flight: HashSet::new(),
+            external_load: 0,
+            reported_load: 0,
+            drain: DrainState::Active,
+            last_seen: now,
+            connected_at: now,
+            protocol_version,
+            features,
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.drain != DrainState::Active
+    }
+
+    /// Effective load: our own in-flight requests plus whatever else the worker reports.
+    pub fn load(&self) -> u32 {
+        self.in_flight.len() as u32 + self.external_load
+    }
+
+    pub fn has_free_slot(&self) -> bool {
+        !self.is_draining() && self.load() < self.max_concurrent
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.model_set.contains(model)
+    }
+
+    pub fn set_models(&mut self, models: Vec<String>) {
+        self.model_set = models.iter().cloned().collect();
+        self.models = models;
+    }
+
+    /// A reported load is a snapshot that includes our own in-flight requests; only the
+    /// excess is load we cannot see, so a stale report never blocks a slot we freed.
+    pub fn set_reported_load(&mut self, reported: u32) {
+        self.reported_load = reported;
+        self.external_load = reported.saturating_sub(self.in_flight.len() as u32);
+    }
+}
+
+/// All connected workers, ordered by id so round-robin is deterministic.
+#[derive(Debug, Default)]
+pub struct Registry {
+    workers: BTreeMap<WorkerId, Worker>,
+    last_pick: Option<WorkerId>,
+}
+
+impl Registry {
+    pub fn insert(&mut self, worker: Worker) {
+        self.workers.insert(worker.id, worker);
+    }
+
+    pub fn remove(&mut self, id: WorkerId) -> Option<Worker> {
+        self.workers.remove(&id)
+    }
+
+    pub fn get(&self, id: WorkerId) -> Option<&Worker> {
+        self.workers.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: WorkerId) -> Option<&mut Worker> {
+        self.workers.get_mut(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    pub fn ids(&self) -> Vec<WorkerId> {
+        self.workers.keys().copied().collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Worker> {
+        self.workers.values()
+    }
+
+    /// Picks the worker for `model`: serves it, not draining, has a free slot; lowest
+    /// load wins, ties go round-robin (the first tied worker after the last one picked).
+    pub fn pick(&mut self, model: &str) -> Option<WorkerId> {
+        let eligible = || {
+            self.workers
+                .values()
+                .filter(|w| w.has_free_slot() && w.serves(model))
+        };
+        let min_load = eligible().map(Worker::load).min()?;
+        let tied = || eligible().filter(|w| w.load() == min_load).map(|w| w.id);
+        let after_last = self.last_pick.and_then(|last| tied().find(|id| *id > last));
+        let chosen = after_last.or_else(|| tied().next())?;
+        self.last_pick = Some(chosen);
+        Some(chosen)
+    }
+
+    /// Whether any connected worker (draining or not) advertises `model`.
+    pub fn advertises(&self, model: &str) -> bool {
+        self.workers.values().any(|w| w.serves(model))
+    }
+
+    /// Union of the models of connected, non-draining workers, in first-seen order.
+    pub fn routable_models(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for w in self.workers.values().filter(|w| !w.is_draining()) {
+            for m in &w.models {
+                if seen.insert(m.as_str()) {
+                    out.push(m.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Cleans an advertised model list: trims, drops empties, de-duplicates keeping the
+/// first occurrence, and caps the count. Returns the list and warnings for the ack.
+pub fn sanitize_models(models: Vec<String>, cap: usize) -> (Vec<String>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let (mut empty, mut dup) = (0, 0);
+    for m in models {
+        let m = m.trim();
+        if m.is_empty() {
+            empty += 1;
+        } else if !seen.insert(m.to_string()) {
+            dup += 1;
+        } else {
+            out.push(m.to_string());
+        }
+    }
+    if empty > 0 {
+        warnings.push(format!("dropped {empty} empty model name(s)"));
+    }
+    if dup > 0 {
+        warnings.push(format!("dropped {dup} duplicate model name(s)"));
+    }
+    if out.len() > cap {
+        warnings.push(format!(
+            "model list truncated from {} to {cap} entries",
+            out.len()
+        ));
+        out.truncate(cap);
+    }
+    (out, warnings)
+}

@@ -1,0 +1,653 @@
+//! Unit tests of the dispatcher state machine: events in, actions out, fake clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::protocol::{
+    RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
+};
+
+const S: Duration = Duration::from_secs(1);
+
+struct Harness {
+    d: Dispatcher,
+    t0: Instant,
+    now: Instant,
+}
+
+fn cfg() -> Config {
+    Config {
+        max_queue_len: 3,
+        ..Config::default()
+    }
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness::with(cfg())
+    }
+
+    fn with(cfg: Config) -> Harness {
+        let t0 = Instant::now();
+        Harness {
+            d: Dispatcher::new(cfg, t0),
+            t0,
+            now: t0,
+        }
+    }
+
+    fn at(&mut self, secs: f64) {
+        self.now = self.t0 + Duration::from_secs_f64(secs);
+    }
+
+    fn ev(&mut self, event: Event) -> Vec<Action> {
+        self.d.handle(event, self.now)
+    }
+
+    fn tick(&mut self) -> Vec<Action> {
+        self.d.tick(self.now)
+    }
+
+    fn join(&mut self, id: WorkerId, models: &[&str], max: u32) -> Vec<Action> {
+        let register = RegisterMessage {
+            worker_name: format!("box-{id}"),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            max_concurrent: max,
+            protocol_version: Some("1".into()),
+            current_load: Some(0),
+            features: vec![],
+        };
+        self.ev(Event::WorkerJoined {
+            id,
+            register,
+            remote: "127.0.0.1:1".into(),
+        })
+    }
+
+    fn submit(&mut self, id: RequestId, model: &str) -> Vec<Action> {
+        let msg = Arc::new(RequestMessage {
+            request_id: wire_request_id(id),
+            model: model.into(),
+            endpoint_path: "/v1/chat/completions".into(),
+            is_streaming: false,
+            body: Arc::from(format!("{{\"model\":\"{model}\"}}")),
+            headers: Default::default(),
+        });
+        self.ev(Event::Submit { id, msg })
+    }
+
+    fn said(&mut self, worker: WorkerId, msg: WorkerMessage) -> Vec<Action> {
+        self.ev(Event::WorkerSaid(worker, msg))
+    }
+
+    fn complete(&mut self, worker: WorkerId, id: RequestId) -> Vec<Action> {
+        self.said(worker, WorkerMessage::ResponseComplete(ok(id)))
+    }
+
+    fn chunk(&mut self, worker: WorkerId, id: RequestId, text: &str) -> Vec<Action> {
+        self.said(
+            worker,
+            WorkerMessage::ResponseChunk {
+                request_id: wire_request_id(id),
+                chunk: text.into(),
+            },
+        )
+    }
+}
+
+fn ok(id: RequestId) -> ResponseComplete {
+    ResponseComplete {
+        request_id: wire_request_id(id),
+        status_code: 200,
+        body: Some("{}".into()),
+        ..Default::default()
+    }
+}
+
+/// Which worker each request in `actions` was dispatched to.
+fn dispatched(actions: &[Action]) -> Vec<(RequestId, WorkerId)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ToWorker(w, ServerMessage::Request(m)) => {
+                Some((parse_request_id(&m.request_id)?, *w))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn failures(actions: &[Action]) -> Vec<(RequestId, Failure)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ToClient(id, ClientEvent::Failed(f)) => Some((*id, f.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn cancels(actions: &[Action]) -> Vec<(WorkerId, RequestId, CancelReason)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ToWorker(w, ServerMessage::Cancel { request_id, reason }) => {
+                Some((*w, parse_request_id(request_id)?, *reason))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn closed(actions: &[Action]) -> Vec<(WorkerId, String)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CloseWorker(w, r) => Some((*w, r.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn register_is_acked_with_sanitized_models_and_warnings() {
+    let mut h = Harness::with(Config {
+        max_models_per_worker: 2,
+        ..cfg()
+    });
+    let register = RegisterMessage {
+        worker_name: "gpu".into(),
+        models: vec![" a ".into(), "".into(), "a".into(), "b".into(), "c".into()],
+        max_concurrent: 1,
+        protocol_version: Some("2026-04-bridge-v1".into()),
+        current_load: None,
+        features: vec![],
+    };
+    let actions = h.ev(Event::WorkerJoined {
+        id: 7,
+        register,
+        remote: "x".into(),
+    });
+    let Some(Action::ToWorker(7, ServerMessage::RegisterAck(ack))) = actions.first() else {
+        panic!("no ack: {actions:?}")
+    };
+    assert_eq!(ack.worker_id, "w-7");
+    assert_eq!(ack.models, vec!["a", "b"]);
+    assert_eq!(ack.warnings.len(), 3, "{:?}", ack.warnings);
+    assert_eq!(ack.protocol_version.as_deref(), Some("2026-04-bridge-v1"));
+    assert_eq!(h.d.registry().routable_models(), vec!["a", "b"]);
+}
+
+#[test]
+fn unsupported_protocol_version_is_closed_without_registering() {
+    let mut h = Harness::new();
+    let register = RegisterMessage {
+        worker_name: "gpu".into(),
+        models: vec!["a".into()],
+        max_concurrent: 1,
+        protocol_version: Some("99".into()),
+        current_load: None,
+        features: vec![],
+    };
+    let actions = h.ev(Event::WorkerJoined {
+        id: 1,
+        register,
+        remote: "x".into(),
+    });
+    assert_eq!(closed(&actions).len(), 1);
+    assert!(closed(&actions)[0].1.contains("protocol"));
+    assert_eq!(h.d.gauges().workers, 0);
+}
+
+#[test]
+fn routes_only_to_workers_serving_the_exact_model() {
+    let mut h = Harness::new();
+    h.join(1, &["llama"], 4);
+    h.join(2, &["qwen"], 4);
+    assert_eq!(dispatched(&h.submit(10, "qwen")), vec![(10, 2)]);
+    assert_eq!(dispatched(&h.submit(11, "llama")), vec![(11, 1)]);
+    assert!(
+        dispatched(&h.submit(12, "Llama")).is_empty(),
+        "model match is exact"
+    );
+    assert_eq!(h.d.gauges().queue_depth, 1);
+}
+
+#[test]
+fn lowest_load_wins_and_ties_go_round_robin() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 4);
+    h.join(2, &["m"], 4);
+    h.join(3, &["m"], 4);
+    let picks: Vec<WorkerId> = (0..3)
+        .flat_map(|i| dispatched(&h.submit(i, "m")))
+        .map(|(_, w)| w)
+        .collect();
+    assert_eq!(picks, vec![1, 2, 3], "ties rotate");
+    h.complete(2, 1);
+    assert_eq!(
+        dispatched(&h.submit(3, "m")),
+        vec![(3, 2)],
+        "the least loaded worker wins"
+    );
+    // Reported load from elsewhere counts too.
+    h.said(
+        1,
+        WorkerMessage::Pong {
+            current_load: 4,
+            timestamp_unix_ms: None,
+        },
+    );
+    let next: Vec<WorkerId> = (4..6)
+        .flat_map(|i| dispatched(&h.submit(i, "m")))
+        .map(|(_, w)| w)
+        .collect();
+    assert!(!next.contains(&1), "worker 1 reports itself full: {next:?}");
+}
+
+#[test]
+fn draining_workers_and_full_workers_get_nothing() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.said(2, WorkerMessage::WorkerDraining {});
+    assert_eq!(dispatched(&h.submit(1, "m")), vec![(1, 1)]);
+    assert!(
+        dispatched(&h.submit(2, "m")).is_empty(),
+        "1 is full, 2 is draining"
+    );
+    assert_eq!(h.d.gauges().queue_depth, 1);
+    assert!(
+        !h.d.registry().routable_models().is_empty(),
+        "worker 1 still routable"
+    );
+}
+
+#[test]
+fn queue_is_bounded_and_fifo_among_compatible_requests() {
+    let mut h = Harness::new();
+    h.join(1, &["a", "b"], 1);
+    h.submit(1, "a");
+    h.submit(2, "b");
+    h.submit(3, "a");
+    h.submit(4, "b");
+    assert_eq!(failures(&h.submit(5, "a")), vec![(5, Failure::QueueFull)]);
+    assert_eq!(dispatched(&h.complete(1, 1)), vec![(2, 1)], "oldest first");
+    h.join(2, &["b"], 1);
+    // Worker 2 only serves b: it skips request 3 (a) and takes 4.
+    assert_eq!(h.d.gauges().queue_depth, 1);
+    assert_eq!(dispatched(&h.complete(1, 2)), vec![(3, 1)]);
+}
+
+#[test]
+fn queue_drains_whenever_capacity_appears() {
+    let mut h = Harness::new();
+    // A new worker registering.
+    h.submit(1, "m");
+    assert_eq!(dispatched(&h.join(1, &["m"], 1)), vec![(1, 1)]);
+    // A request finishing.
+    h.submit(2, "m");
+    assert_eq!(dispatched(&h.complete(1, 1)), vec![(2, 1)]);
+    // A request cancelled by its client.
+    h.submit(3, "m");
+    assert_eq!(dispatched(&h.ev(Event::ClientGone(2))), vec![(3, 1)]);
+    // A pong lowering reported external load.
+    h.complete(1, 3);
+    h.said(
+        1,
+        WorkerMessage::Pong {
+            current_load: 1,
+            timestamp_unix_ms: None,
+        },
+    );
+    h.submit(4, "m");
+    assert_eq!(
+        h.d.gauges().queue_depth,
+        1,
+        "worker reports a slot used elsewhere"
+    );
+    let a = h.said(
+        1,
+        WorkerMessage::Pong {
+            current_load: 0,
+            timestamp_unix_ms: None,
+        },
+    );
+    assert_eq!(dispatched(&a), vec![(4, 1)]);
+    // models_update adding the model.
+    h.submit(5, "new");
+    let a = h.said(
+        1,
+        WorkerMessage::ModelsUpdate {
+            models: vec!["m".into(), "new".into()],
+            current_load: 0,
+        },
+    );
+    assert!(dispatched(&a).is_empty(), "still full with request 4");
+    assert_eq!(dispatched(&h.complete(1, 4)), vec![(5, 1)]);
+}
+
+#[test]
+fn queued_request_times_out_with_no_cancel() {
+    let mut h = Harness::new();
+    h.submit(1, "m");
+    h.at(29.0);
+    assert!(h.tick().is_empty());
+    assert_eq!(h.d.next_deadline(), Some(h.t0 + 30 * S));
+    h.at(30.0);
+    let a = h.tick();
+    assert_eq!(failures(&a), vec![(1, Failure::QueueTimeout)]);
+    assert!(cancels(&a).is_empty());
+    assert_eq!(h.d.gauges().queue_depth, 0);
+}
+
+#[test]
+fn client_gone_while_queued_is_never_dispatched() {
+    let mut h = Harness::new();
+    h.submit(1, "m");
+    h.ev(Event::ClientGone(1));
+    let a = h.join(1, &["m"], 1);
+    assert!(dispatched(&a).is_empty());
+    assert_eq!(h.d.counters().cancelled, 1);
+}
+
+#[test]
+fn client_gone_in_flight_cancels_and_frees_the_slot_without_an_ack() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    for id in 0..1000 {
+        assert_eq!(
+            dispatched(&h.submit(id, "m")),
+            vec![(id, 1)],
+            "capacity intact at {id}"
+        );
+        let a = h.ev(Event::ClientGone(id));
+        assert_eq!(cancels(&a), vec![(1, id, CancelReason::ClientDisconnect)]);
+    }
+    // Late messages for cancelled requests are dropped.
+    assert!(h.chunk(1, 5, "late").is_empty());
+    assert!(h.complete(1, 5).is_empty());
+    assert_eq!(h.d.gauges().in_flight, 0);
+}
+
+#[test]
+fn request_timeout_bounds_first_byte_and_every_silence() {
+    let long_heartbeat = Duration::from_secs(10_000);
+    let mut h = Harness::with(Config {
+        heartbeat_timeout: long_heartbeat,
+        heartbeat_interval: long_heartbeat,
+        ..cfg()
+    });
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    h.at(200.0);
+    let a = h.chunk(1, 1, "a");
+    assert_eq!(a.len(), 1, "{a:?}");
+    h.at(450.0);
+    h.tick();
+    assert_eq!(
+        h.d.gauges().in_flight,
+        1,
+        "silence since the chunk is 250 s < 300 s"
+    );
+    h.at(500.0);
+    let a = h.tick();
+    assert_eq!(failures(&a), vec![(1, Failure::RequestTimeout)]);
+    assert_eq!(cancels(&a), vec![(1, 1, CancelReason::Timeout)]);
+    assert_eq!(h.d.gauges().in_flight, 0);
+}
+
+#[test]
+fn worker_error_fails_only_that_request() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 2);
+    h.submit(1, "m");
+    h.submit(2, "m");
+    let a = h.said(
+        1,
+        WorkerMessage::Error {
+            request_id: Some(wire_request_id(1)),
+            code: "backend".into(),
+            message: "down".into(),
+            status_code: None,
+        },
+    );
+    assert_eq!(
+        failures(&a),
+        vec![(
+            1,
+            Failure::WorkerError {
+                status: None,
+                code: "backend".into(),
+                message: "down".into()
+            }
+        )]
+    );
+    assert!(closed(&a).is_empty());
+    assert!(matches!(
+        h.complete(1, 2)[0],
+        Action::ToClient(2, ClientEvent::Complete(_))
+    ));
+}
+
+#[test]
+fn messages_about_another_workers_request_are_ignored() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.submit(1, "m");
+    assert!(h.chunk(2, 1, "spoof").is_empty());
+    assert!(h.complete(2, 1).is_empty());
+    assert_eq!(h.d.gauges().in_flight, 1);
+}
+
+#[test]
+fn worker_lost_before_any_byte_requeues_keeping_arrival_order() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    h.submit(2, "m");
+    h.at(5.0);
+    let a = h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "eof".into(),
+    });
+    assert!(failures(&a).is_empty());
+    assert_eq!(h.d.counters().requeued, 1);
+    // The requeued request (arrived first) goes before request 2.
+    assert_eq!(dispatched(&h.join(2, &["m"], 1)), vec![(1, 2)]);
+}
+
+#[test]
+fn requeue_stops_after_three_attempts() {
+    let mut h = Harness::new();
+    h.submit(1, "m");
+    let mut last = Vec::new();
+    for w in 1..=4 {
+        h.join(w, &["m"], 1);
+        last = h.ev(Event::WorkerLeft {
+            id: w,
+            reason: "crash".into(),
+        });
+    }
+    assert_eq!(failures(&last), vec![(1, Failure::RequeueExhausted)]);
+    assert_eq!(h.d.counters().requeued, 3);
+}
+
+#[test]
+fn worker_lost_mid_stream_ends_the_stream_and_never_requeues() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.submit(1, "m");
+    h.chunk(1, 1, "data: x\n\n");
+    let a = h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "eof".into(),
+    });
+    assert_eq!(failures(&a), vec![(1, Failure::WorkerLost)]);
+    assert!(dispatched(&a).is_empty());
+}
+
+#[test]
+fn heartbeat_pings_and_silence_closes_the_worker() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    h.at(15.0);
+    let a = h.tick();
+    assert!(a
+        .iter()
+        .any(|a| matches!(a, Action::ToWorker(1, ServerMessage::Ping { .. }))));
+    h.at(40.0);
+    h.said(
+        1,
+        WorkerMessage::Pong {
+            current_load: 1,
+            timestamp_unix_ms: None,
+        },
+    );
+    h.at(84.0);
+    assert!(closed(&h.tick()).is_empty(), "44 s since the pong");
+    h.at(85.0);
+    let a = h.tick();
+    assert_eq!(
+        closed(&a),
+        vec![(1, "worker heartbeat timed out".to_string())]
+    );
+    assert_eq!(h.d.counters().heartbeat_timeouts, 1);
+    assert_eq!(h.d.gauges().queue_depth, 1, "its request was requeued");
+}
+
+#[test]
+fn unknown_model_is_queued_at_first_then_fails_fast() {
+    let mut h = Harness::new();
+    h.join(1, &["llama"], 1);
+    assert!(
+        failures(&h.submit(1, "lama")).is_empty(),
+        "young server: queue it"
+    );
+    h.at(31.0);
+    h.tick();
+    let a = h.submit(2, "lama");
+    match &failures(&a)[..] {
+        [(2, Failure::ModelNotFound { model, available })] => {
+            assert_eq!(model, "lama");
+            assert_eq!(available, &vec!["llama".to_string()]);
+        }
+        other => panic!("expected model_not_found, got {other:?}"),
+    }
+    // A model whose worker left recently is still queued (it may be restarting).
+    h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "restart".into(),
+    });
+    h.at(50.0);
+    assert!(failures(&h.submit(3, "llama")).is_empty());
+    h.at(200.0);
+    assert!(matches!(
+        failures(&h.submit(4, "llama"))[..],
+        [(4, Failure::ModelNotFound { .. })]
+    ));
+}
+
+#[test]
+fn drain_worker_stops_routing_and_closes_when_idle() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 2);
+    h.submit(1, "m");
+    let a = h.ev(Event::DrainWorker {
+        id: 1,
+        timeout: Some(60 * S),
+    });
+    assert!(a.iter().any(|a| matches!(
+        a,
+        Action::ToWorker(1, ServerMessage::GracefulShutdown { .. })
+    )));
+    assert!(closed(&a).is_empty(), "still busy");
+    assert!(h.d.registry().routable_models().is_empty());
+    assert!(dispatched(&h.submit(2, "m")).is_empty());
+    let a = h.complete(1, 1);
+    assert_eq!(closed(&a), vec![(1, "drained".to_string())]);
+}
+
+#[test]
+fn drain_timeout_closes_a_busy_worker_and_requeues() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    h.ev(Event::DrainWorker {
+        id: 1,
+        timeout: Some(10 * S),
+    });
+    h.at(10.0);
+    let a = h.tick();
+    assert_eq!(closed(&a), vec![(1, "drain timeout reached".to_string())]);
+    assert_eq!(h.d.gauges().queue_depth, 1);
+}
+
+#[test]
+fn shutdown_refuses_new_work_lets_in_flight_finish_then_exits() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    h.submit(2, "m");
+    let a = h.ev(Event::Shutdown { timeout: 30 * S });
+    assert_eq!(
+        failures(&a),
+        vec![(2, Failure::ShuttingDown)],
+        "queued requests fail"
+    );
+    assert!(a.iter().any(|a| matches!(
+        a,
+        Action::ToWorker(1, ServerMessage::GracefulShutdown { .. })
+    )));
+    assert!(!a.contains(&Action::Exit));
+    assert_eq!(
+        failures(&h.submit(3, "m")),
+        vec![(3, Failure::ShuttingDown)]
+    );
+    let a = h.complete(1, 1);
+    assert!(matches!(
+        a[0],
+        Action::ToClient(1, ClientEvent::Complete(_))
+    ));
+    assert!(a.contains(&Action::Exit));
+}
+
+#[test]
+fn shutdown_deadline_cancels_what_is_left() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    h.ev(Event::Shutdown { timeout: 5 * S });
+    h.at(5.0);
+    let a = h.tick();
+    assert_eq!(cancels(&a), vec![(1, 1, CancelReason::ServerShutdown)]);
+    assert_eq!(failures(&a), vec![(1, Failure::ShuttingDown)]);
+    assert!(a.contains(&Action::Exit));
+}
+
+#[test]
+fn streamed_chunks_reach_the_client_in_order() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        for a in h.chunk(1, 1, &format!("c{i}")) {
+            if let Action::ToClient(1, ClientEvent::Chunk(c)) = a {
+                seen.push(c);
+            }
+        }
+    }
+    assert_eq!(seen, vec!["c0", "c1", "c2", "c3", "c4"]);
+}
+
+#[test]
+fn wire_ids_round_trip_and_foreign_ids_are_rejected() {
+    assert_eq!(parse_request_id(&wire_request_id(42)), Some(42));
+    assert_eq!(parse_request_id("r-001"), None);
+    assert_eq!(parse_request_id("nonsense"), None);
+}

@@ -1,0 +1,398 @@
+//! Reading one HTTP/1.1 request from a client connection.
+//!
+//! We own the accepted `TcpStream` (tiny_http would hide it, and we need it to notice a
+//! client that hangs up while its answer is pending). Supported: keep-alive and
+//! pipelining, `Content-Length` and chunked request bodies, `Expect: 100-continue`, limits
+//! on header and body size, an idle timeout between requests and a deadline for a slow
+//! client to finish sending its head.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Size and time limits for reading requests.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_header_bytes: usize,
+    pub max_body_bytes: usize,
+    /// How long a keep-alive connection may sit idle before the next request.
+    pub idle_timeout: Duration,
+    /// How long one read may block, and the whole head may take, once a request began.
+    pub io_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_header_bytes: 64 * 1024,
+            max_body_bytes: 32 * 1024 * 1024,
+            idle_timeout: Duration::from_secs(75),
+            io_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A parsed request. Header names are lower-case.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub keep_alive: bool,
+    pub http10: bool,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A query parameter, percent-decoded.
+    pub fn query_param(&self, name: &str) -> Option<String> {
+        self.query.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k == name).then(|| percent_decode(v))
+        })
+    }
+}
+
+/// Why no request could be read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The connection closed or idled out between requests: nothing to answer.
+    Closed,
+    /// The connection failed mid-request: nothing sensible to answer.
+    Io(io::Error),
+    /// The request is unacceptable: answer with this status and message, then close.
+    Reject(u16, String),
+}
+
+/// One client connection with its read buffer (bytes past the current request stay
+/// here for the next one, or for the WebSocket after an upgrade).
+pub struct Conn {
+    pub stream: TcpStream,
+    pub peer: SocketAddr,
+    buf: Vec<u8>,
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+impl Conn {
+    pub fn new(stream: TcpStream, peer: SocketAddr) -> Conn {
+        Conn {
+            stream,
+            peer,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Bytes read past the last request (used after a WebSocket upgrade).
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Reads more bytes; `Ok(0)` is end of stream.
+    fn fill(&mut self) -> io::Result<usize> {
+        let start = self.buf.len();
+        self.buf.resize(start + READ_CHUNK, 0);
+        let result = self.stream.read(&mut self.buf[start..]);
+        self.buf.truncate(start + *result.as_ref().unwrap_or(&0));
+        result
+    }
+
+    pub fn read_request(&mut self, limits: &Limits) -> Result<Request, ReadError> {
+        let (mut req, body_kind) = self.read_head(limits)?;
+        if let BodyKind::Length(n) = body_kind {
+            if n > limits.max_body_bytes {
+                return Err(too_large(limits));
+            }
+        }
+        if body_kind != BodyKind::Length(0)
+            && req
+                .header("expect")
+                .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+        {
+            self.stream
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .map_err(ReadError::Io)?;
+        }
+        req.body = match body_kind {
+            BodyKind::Length(n) => self.read_exact_body(n)?,
+            BodyKind::Chunked => self.read_chunked_body(limits)?,
+        };
+        Ok(req)
+    }
+
+    fn read_head(&mut self, limits: &Limits) -> Result<(Request, BodyKind), ReadError> {
+        let _ = self.stream.set_read_timeout(Some(limits.idle_timeout));
+        let mut started: Option<Instant> = None;
+        loop {
+            if !self.buf.is_empty() && started.is_none() {
+                started = Some(Instant::now());
+                let _ = self.stream.set_read_timeout(Some(limits.io_timeout));
+            }
+            if let Some(parsed) = parse_head(&self.buf)? {
+                let (req, kind, used) = parsed;
+                if used > limits.max_header_bytes {
+                    return Err(ReadError::Reject(
+                        431,
+                        "request header fields too large".into(),
+                    ));
+                }
+                self.buf.drain(..used);
+                return Ok((req, kind));
+            }
+            if self.buf.len() > limits.max_header_bytes {
+                return Err(ReadError::Reject(
+                    431,
+                    "request header fields too large".into(),
+                ));
+            }
+            if started.is_some_and(|s| s.elapsed() > limits.io_timeout) {
+                return Err(ReadError::Reject(
+                    408,
+                    "request head not received in time".into(),
+                ));
+            }
+            match self.fill() {
+                Ok(0) if self.buf.is_empty() => return Err(ReadError::Closed),
+                Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(_) => {}
+                Err(e) if self.buf.is_empty() && is_timeout(&e) => return Err(ReadError::Closed),
+                Err(e) if is_timeout(&e) => {
+                    return Err(ReadError::Reject(
+                        408,
+                        "request head not received in time".into(),
+                    ))
+                }
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+    }
+
+    fn read_exact_body(&mut self, n: usize) -> Result<Vec<u8>, ReadError> {
+        while self.buf.len() < n {
+            match self.fill() {
+                Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => {
+                    return Err(ReadError::Reject(
+                        408,
+                        "request body not received in time".into(),
+                    ))
+                }
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    /// Reads a line ending in CRLF (without it), at most 4 KiB.
+    fn read_line(&mut self) -> Result<String, ReadError> {
+        loop {
+            if let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                let line = String::from_utf8_lossy(&self.buf[..pos]).into_owned();
+                self.buf.drain(..pos + 2);
+                return Ok(line);
+            }
+            if self.buf.len() > 4096 {
+                return Err(ReadError::Reject(400, "malformed chunked body".into()));
+            }
+            match self.fill() {
+                Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
+                Ok(_) => {}
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+    }
+
+    fn read_chunked_body(&mut self, limits: &Limits) -> Result<Vec<u8>, ReadError> {
+        let mut body = Vec::new();
+        loop {
+            let line = self.read_line()?;
+            let size_text = line.split(';').next().unwrap_or("").trim();
+            let size = usize::from_str_radix(size_text, 16)
+                .map_err(|_| ReadError::Reject(400, "malformed chunk size".into()))?;
+            if size == 0 {
+                while !self.read_line()?.is_empty() {}
+                return Ok(body);
+            }
+            if body.len() + size > limits.max_body_bytes {
+                return Err(too_large(limits));
+            }
+            let mut chunk = self.read_exact_body(size + 2)?;
+            if !chunk.ends_with(b"\r\n") {
+                return Err(ReadError::Reject(400, "malformed chunked body".into()));
+            }
+            chunk.truncate(size);
+            body.extend_from_slice(&chunk);
+        }
+    }
+}
+
+fn too_large(limits: &Limits) -> ReadError {
+    ReadError::Reject(
+        413,
+        format!("request body exceeds {} bytes", limits.max_body_bytes),
+    )
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyKind {
+    Length(usize),
+    Chunked,
+}
+
+type Head = (Request, BodyKind, usize);
+
+/// Parses a complete request head from `buf`, or `None` if more bytes are needed.
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
+    let mut slots = [httparse::EMPTY_HEADER; 96];
+    let mut parsed = httparse::Request::new(&mut slots);
+    let used = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(ReadError::Reject(431, "too many header fields".into()))
+        }
+        Err(e) => return Err(ReadError::Reject(400, format!("malformed request: {e}"))),
+    };
+    let method = parsed.method.unwrap_or("GET").to_string();
+    let target = parsed.path.unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let http10 = parsed.version == Some(0);
+    let headers: Vec<(String, String)> = parsed
+        .headers
+        .iter()
+        .map(|h| {
+            (
+                h.name.to_ascii_lowercase(),
+                String::from_utf8_lossy(h.value).trim().to_string(),
+            )
+        })
+        .collect();
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let connection = get("connection").unwrap_or("").to_ascii_lowercase();
+    let keep_alive = if http10 {
+        connection.contains("keep-alive")
+    } else {
+        !connection.contains("close")
+    };
+    let chunked =
+        get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let kind = if chunked {
+        BodyKind::Chunked
+    } else {
+        match get("content-length") {
+            None => BodyKind::Length(0),
+            Some(v) => BodyKind::Length(
+                v.parse()
+                    .map_err(|_| ReadError::Reject(400, "invalid Content-Length".into()))?,
+            ),
+        }
+    };
+    let req = Request {
+        method,
+        path: path.to_string(),
+        query: query.to_string(),
+        headers,
+        body: Vec::new(),
+        keep_alive,
+        http10,
+    };
+    Ok(Some((req, kind, used)))
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match bytes.get(i..i + 3) {
+            Some([b'%', hi, lo]) => hex_val(*hi).zip(hex_val(*lo)).map(|(h, l)| h * 16 + l),
+            _ => None,
+        };
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex_val(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_head_with_body_length_and_query() {
+        let raw = b"POST /v1/worker/connect?provider=local&worker_secret=a%2Bb HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc";
+        let (req, kind, used) = parse_head(raw).unwrap().unwrap();
+        assert_eq!(req.method, "POST");
+        assert_eq!(req.path, "/v1/worker/connect");
+        assert_eq!(req.query_param("provider").as_deref(), Some("local"));
+        assert_eq!(req.query_param("worker_secret").as_deref(), Some("a+b"));
+        assert_eq!(kind, BodyKind::Length(3));
+        assert_eq!(&raw[used..], b"abc");
+        assert!(req.keep_alive);
+    }
+
+    #[test]
+    fn partial_head_needs_more_and_garbage_is_rejected() {
+        assert!(parse_head(b"GET / HTTP/1.1\r\nHost").unwrap().is_none());
+        assert!(matches!(
+            parse_head(b"\x00\x01 nonsense\r\n\r\n"),
+            Err(ReadError::Reject(400, _))
+        ));
+        assert!(matches!(
+            parse_head(b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n"),
+            Err(ReadError::Reject(400, _))
+        ));
+    }
+
+    #[test]
+    fn connection_header_decides_keep_alive() {
+        let (req, ..) = parse_head(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!req.keep_alive);
+        let (req, ..) = parse_head(b"GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(!req.keep_alive && req.http10);
+    }
+
+    #[test]
+    fn percent_decoding_is_lenient() {
+        assert_eq!(percent_decode("a%20b%zz%"), "a b%zz%");
+    }
+}

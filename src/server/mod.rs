@@ -1,0 +1,198 @@
+//! `modelrelay-server`: the central relay.
+//!
+//! ```text
+//!  clients ──HTTP──► http (thread per connection) ──┐
+//!                     └─ relay: waits on its reply  │  crossbeam channels
+//!                                                   ▼
+//!                               dispatcher thread (runtime.rs) ─ owns ─► Dispatcher
+//!                                                   ▲                    (registry, queue,
+//!  workers ──WebSocket──► worker_socket (reader) ───┘                     timers, requests)
+//!                          worker_socket (writer) ◄── Outbound ───────────┘
+//! ```
+//!
+//! Every decision is made by the [`dispatcher::Dispatcher`] state machine; the threads
+//! around it only move bytes and events.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod dispatcher;
+pub mod http;
+pub mod relay;
+pub mod shared;
+pub mod worker_socket;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use log::{error, info, warn};
+
+pub use config::ServerConfig;
+use dispatcher::runtime::{self, Input};
+use dispatcher::{Dispatcher, Event, RequestId, WorkerId};
+use shared::Shared;
+
+/// Stack for connection and socket threads: they parse JSON and little else.
+pub const THREAD_STACK: usize = 256 * 1024;
+
+/// What every connection thread shares.
+pub struct Ctx {
+    pub cfg: ServerConfig,
+    pub inputs: Sender<Input>,
+    pub shared: Arc<Shared>,
+    pub limiter: auth::FailureLimiter,
+    pub started_unix: u64,
+    next_request: AtomicU64,
+    next_worker: AtomicU64,
+    connections: AtomicUsize,
+}
+
+impl Ctx {
+    pub fn next_request_id(&self) -> RequestId {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn next_worker_id(&self) -> WorkerId {
+        self.next_worker.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    ctx: Arc<Ctx>,
+    dispatcher: JoinHandle<()>,
+}
+
+/// A cloneable handle that can start the graceful shutdown.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    ctx: Arc<Ctx>,
+}
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.ctx.shared.set_shutting_down();
+        let timeout = self.ctx.cfg.drain_timeout;
+        let _ = self
+            .ctx
+            .inputs
+            .send(Input::Event(Event::Shutdown { timeout }));
+    }
+}
+
+/// Binds the listener and starts the dispatcher and acceptor threads.
+pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
+    let listener = TcpListener::bind(&cfg.listen_addr)?;
+    let addr = listener.local_addr()?;
+    let (inputs, inbox) = crossbeam_channel::unbounded();
+    let shared = Shared::new();
+    let core = Dispatcher::new(cfg.dispatch.clone(), Instant::now());
+    let dispatcher = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("dispatcher".into())
+            .spawn(move || runtime::run(core, inbox, shared))?
+    };
+    let ctx = Arc::new(Ctx {
+        limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
+        started_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        next_request: AtomicU64::new(random_start()),
+        next_worker: AtomicU64::new(1),
+        connections: AtomicUsize::new(0),
+        cfg,
+        inputs,
+        shared,
+    });
+    let acceptor_ctx = ctx.clone();
+    std::thread::Builder::new()
+        .name("acceptor".into())
+        .spawn(move || accept_loop(listener, acceptor_ctx))?;
+    info!(
+        "modelrelay-server {} listening on {addr}",
+        env!("CARGO_PKG_VERSION")
+    );
+    Ok(Server {
+        addr,
+        ctx,
+        dispatcher,
+    })
+}
+
+impl Server {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    /// Blocks until shutdown completes, then gives responses in progress a moment to
+    /// reach their clients.
+    pub fn wait(self) {
+        let _ = self.dispatcher.join();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.ctx.shared.relays() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Request ids start at a random point so ids from different runs do not collide.
+fn random_start() -> u64 {
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    u64::from(u32::from_le_bytes(bytes)) << 24
+}
+
+fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
+    for incoming in listener.incoming() {
+        let mut stream = match incoming {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of descriptors or similar: back off briefly instead of spinning.
+                error!("accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let Ok(peer) = stream.peer_addr() else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        if ctx.connections.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_connections {
+            ctx.connections.fetch_sub(1, Ordering::AcqRel);
+            warn!(
+                "connection limit reached ({}); refusing {peer}",
+                ctx.cfg.max_connections
+            );
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            let e = api::ApiError::new(503, "too_many_connections", "connection limit reached");
+            let _ = stream.write_all(&relay::error_response(api::Style::OpenAi, &e, false, None));
+            continue;
+        }
+        let conn_ctx = ctx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("conn".into())
+            .stack_size(THREAD_STACK)
+            .spawn(move || {
+                http::serve(stream, peer, conn_ctx.clone());
+                conn_ctx.connections.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            ctx.connections.fetch_sub(1, Ordering::AcqRel);
+            error!("could not start a connection thread: {e}");
+        }
+    }
+}

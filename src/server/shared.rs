@@ -1,0 +1,84 @@
+//! State the dispatcher publishes for the HTTP threads to read without a round trip:
+//! gauges for `/health` and the routable model list for `/v1/models`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::RwLock;
+
+use super::dispatcher::Gauges;
+
+#[derive(Debug)]
+pub struct Shared {
+    pub started: Instant,
+    workers: AtomicUsize,
+    queue_depth: AtomicUsize,
+    in_flight: AtomicUsize,
+    shutting_down: AtomicBool,
+    /// Client requests between submission and their last byte written.
+    relays: AtomicUsize,
+    models: RwLock<Arc<Vec<String>>>,
+}
+
+impl Shared {
+    pub fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            started: Instant::now(),
+            workers: AtomicUsize::new(0),
+            queue_depth: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            shutting_down: AtomicBool::new(false),
+            relays: AtomicUsize::new(0),
+            models: RwLock::new(Arc::new(Vec::new())),
+        })
+    }
+
+    pub fn publish(&self, g: &Gauges) {
+        self.workers.store(g.workers, Ordering::Relaxed);
+        self.queue_depth.store(g.queue_depth, Ordering::Relaxed);
+        self.in_flight.store(g.in_flight, Ordering::Relaxed);
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            workers: self.workers.load(Ordering::Relaxed),
+            queue_depth: self.queue_depth.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn set_models(&self, models: Vec<String>) {
+        *self.models.write() = Arc::new(models);
+    }
+
+    pub fn models(&self) -> Arc<Vec<String>> {
+        self.models.read().clone()
+    }
+
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Counts a relay in progress until the returned guard drops.
+    pub fn relay_started(&self) -> RelayGuard<'_> {
+        self.relays.fetch_add(1, Ordering::AcqRel);
+        RelayGuard(self)
+    }
+
+    pub fn relays(&self) -> usize {
+        self.relays.load(Ordering::Acquire)
+    }
+}
+
+pub struct RelayGuard<'a>(&'a Shared);
+
+impl Drop for RelayGuard<'_> {
+    fn drop(&mut self) {
+        self.0.relays.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,262 @@
+//! The worker side of the server: `GET /v1/worker/connect` upgrades to a WebSocket,
+//! after which this connection's thread becomes the socket's reader and a second thread
+//! its writer.
+//!
+//! Authentication happens before the upgrade: provider, secret (`X-Worker-Secret`, or the
+//! legacy `worker_secret` query parameter) compared in constant time, and a per-IP
+//! lockout after repeated failures. The first message must be `register`; after that
+//! every parsed message goes to the dispatcher. Malformed or unknown messages are logged
+//! and skipped; only a broken WebSocket stream ends the session.
+
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use log::{debug, info, warn};
+use tungstenite::protocol::{Role, WebSocketContext};
+use tungstenite::Message;
+
+use super::api::{ApiError, Style};
+use super::auth::secrets_match;
+use super::dispatcher::runtime::{Input, Outbound};
+use super::dispatcher::{Event, WorkerId};
+use super::http::request::{Conn, Request};
+use super::relay::write_error;
+use super::Ctx;
+use crate::protocol::{to_json, RegisterMessage, WorkerMessage};
+use crate::ws::{self, close_code, ReadHalf, Writer};
+
+/// How long a new socket may take to send `register`.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A worker that does not drain its socket for this long is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Handles the upgrade request; on success the calling thread serves the socket.
+pub fn accept(mut conn: Conn, req: Request, ctx: Arc<Ctx>) {
+    let ip = conn.peer.ip();
+    if let Err(e) = check(&req, &ctx, ip) {
+        info!(
+            "worker connection from {} refused: {}",
+            conn.peer, e.message
+        );
+        write_error(&mut conn, Style::OpenAi, &e, false, None);
+        return;
+    }
+    let key = req.header("sec-websocket-key").unwrap_or_default();
+    let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let head = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {accept}\r\n\r\n"
+    );
+    if conn.stream.write_all(head.as_bytes()).is_err() {
+        return;
+    }
+    let leftover = conn.take_buffered();
+    serve(conn.stream, leftover, &ctx, conn.peer.to_string());
+}
+
+fn check(req: &Request, ctx: &Ctx, ip: std::net::IpAddr) -> Result<(), ApiError> {
+    if ctx.shared.is_shutting_down() {
+        return Err(ApiError::new(
+            503,
+            "server_shutting_down",
+            "the relay is shutting down",
+        ));
+    }
+    let upgrade = req.header("upgrade").unwrap_or("");
+    if !upgrade.eq_ignore_ascii_case("websocket") || req.header("sec-websocket-key").is_none() {
+        return Err(ApiError::new(
+            400,
+            "websocket_required",
+            "this endpoint expects a WebSocket upgrade",
+        ));
+    }
+    let provider = req
+        .query_param("provider")
+        .unwrap_or_else(|| ctx.cfg.provider.clone());
+    if provider != ctx.cfg.provider {
+        return Err(ApiError::new(
+            404,
+            "unknown_provider",
+            format!("unknown provider `{provider}`"),
+        ));
+    }
+    let now = Instant::now();
+    if ctx.limiter.is_blocked(ip, now) {
+        return Err(ApiError::new(
+            429,
+            "auth_rate_limited",
+            "too many failed worker authentications; retry later",
+        ));
+    }
+    let given = req
+        .header("x-worker-secret")
+        .map(str::to_string)
+        .or_else(|| req.query_param("worker_secret"));
+    match given {
+        Some(secret) if secrets_match(&secret, &ctx.cfg.worker_secret) => {
+            ctx.limiter.record_success(ip);
+            Ok(())
+        }
+        _ => {
+            ctx.limiter.record_failure(ip, now);
+            Err(ApiError::new(
+                401,
+                "invalid_worker_secret",
+                "missing or wrong worker secret",
+            ))
+        }
+    }
+}
+
+/// Reads the socket until it ends; the writer thread runs beside it.
+fn serve(stream: TcpStream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
+    let max = ctx.cfg.max_ws_message_bytes;
+    let Ok(read_stream) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = ReadHalf::new(read_stream);
+    let mut rctx =
+        WebSocketContext::from_partially_read(leftover, Role::Server, Some(ws::config(max)));
+
+    let _ = stream.set_read_timeout(Some(REGISTER_TIMEOUT));
+    let register = match read_register(&mut rctx, &mut reader) {
+        Ok(r) => r,
+        Err(reason) => {
+            warn!("worker socket from {remote} closed before registering: {reason}");
+            let mut w = Writer::new(stream, Role::Server, max);
+            let _ = w.close(close_code::PROTOCOL, &reason);
+            let _ = w.stream.shutdown(Shutdown::Both);
+            return;
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+
+    let id = ctx.next_worker_id();
+    let (outbound, queue) = crossbeam_channel::unbounded();
+    let spawned = std::thread::Builder::new()
+        .name(format!("worker-w{id}-tx"))
+        .stack_size(super::THREAD_STACK)
+        .spawn(move || write_loop(stream, queue, max));
+    if spawned.is_err() {
+        warn!("could not start a writer thread for worker socket from {remote}");
+        return;
+    }
+    let joined = Input::WorkerJoined {
+        id,
+        register,
+        remote,
+        outbound: outbound.clone(),
+    };
+    if ctx.inputs.send(joined).is_err() {
+        return;
+    }
+    let reason = read_loop(id, &mut rctx, &mut reader, ctx, &outbound);
+    let _ = ctx
+        .inputs
+        .send(Input::Event(Event::WorkerLeft { id, reason }));
+}
+
+fn read_register(
+    rctx: &mut WebSocketContext,
+    reader: &mut ReadHalf<TcpStream>,
+) -> Result<RegisterMessage, String> {
+    loop {
+        match rctx.read(reader) {
+            Ok(Message::Text(text)) => {
+                return match WorkerMessage::parse(&text) {
+                    Ok(WorkerMessage::Register(reg)) => Ok(reg),
+                    Ok(_) => Err("first message must be `register`".into()),
+                    Err(e) => Err(format!("invalid register message: {e}")),
+                }
+            }
+            Ok(Message::Close(_)) => return Err("closed by worker".into()),
+            Ok(_) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// Forwards every message to the dispatcher; returns why the socket ended.
+fn read_loop(
+    id: WorkerId,
+    rctx: &mut WebSocketContext,
+    reader: &mut ReadHalf<TcpStream>,
+    ctx: &Ctx,
+    outbound: &crossbeam_channel::Sender<Outbound>,
+) -> String {
+    loop {
+        let result = rctx.read(reader);
+        if let Some(bytes) = reader.take_pending() {
+            let _ = outbound.send(Outbound::Raw(bytes));
+        }
+        match result {
+            Ok(Message::Text(text)) => match WorkerMessage::parse(&text) {
+                Ok(msg) => {
+                    if ctx
+                        .inputs
+                        .send(Input::Event(Event::WorkerSaid(id, msg)))
+                        .is_err()
+                    {
+                        return "server stopping".into();
+                    }
+                }
+                Err(e) => warn!("worker w-{id} sent an unusable message ({e}); ignored"),
+            },
+            Ok(Message::Binary(_)) => debug!("worker w-{id} sent a binary frame; ignored"),
+            Ok(Message::Close(frame)) => {
+                return match frame {
+                    Some(f) if !f.reason.is_empty() => format!("closed by worker: {}", f.reason),
+                    _ => "closed by worker".into(),
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return format!("socket error: {e}"),
+        }
+    }
+}
+
+/// Writes queued messages, batching whatever is ready into one flush. Ends when asked
+/// to close, when the dispatcher drops the sender, or when the socket fails; it then
+/// shuts the socket down, which also ends the reader.
+fn write_loop(stream: TcpStream, queue: Receiver<Outbound>, max: usize) {
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let mut w = Writer::new(stream, Role::Server, max);
+    let mut close = (
+        close_code::GOING_AWAY,
+        "server closed the connection".to_string(),
+    );
+    'socket: while let Ok(first) = queue.recv() {
+        let mut next = Some(first);
+        while let Some(item) = next {
+            let written = match item {
+                Outbound::Message(msg) => w.text(to_json(&msg)),
+                Outbound::Raw(bytes) => w.raw(&bytes),
+                Outbound::Close(reason) => {
+                    close = (close_code_for(&reason), reason);
+                    break 'socket;
+                }
+            };
+            if written.is_err() {
+                break 'socket;
+            }
+            next = queue.try_recv().ok();
+        }
+        if w.flush().is_err() {
+            break;
+        }
+    }
+    let _ = w.close(close.0, &close.1);
+    let _ = w.stream.shutdown(Shutdown::Both);
+}
+
+fn close_code_for(reason: &str) -> u16 {
+    if reason.contains("protocol") {
+        close_code::PROTOCOL
+    } else if reason == "drained" {
+        close_code::NORMAL
+    } else {
+        close_code::GOING_AWAY
+    }
+}

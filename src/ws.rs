@@ -1,0 +1,129 @@
+//! WebSocket plumbing shared by the server's worker sockets and the worker daemon.
+//!
+//! Each socket has one reader thread and one writer thread, each with its own
+//! [`WebSocketContext`] over its own clone of the `TcpStream`, so a blocked read never
+//! holds up a write. Control replies the reading context produces (pong, close echo) are
+//! captured by [`ReadHalf`] and handed to the writer, so frames never interleave.
+//! Large text messages are split into frames of at most [`FRAME_BYTES`], because
+//! deployed peers refuse frames above 16 MiB.
+
+use std::io::{self, Read, Write};
+
+use tungstenite::protocol::frame::coding::{Data, OpCode};
+use tungstenite::protocol::frame::Frame;
+use tungstenite::protocol::{Role, WebSocketConfig, WebSocketContext};
+use tungstenite::Message;
+
+/// Largest frame we send.
+pub const FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// Reader/writer configuration: messages up to `max_message` bytes in any framing.
+pub fn config(max_message: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message))
+}
+
+/// The reading side's stream: reads from the socket, keeps anything the context wants
+/// to write so the caller can pass it to the writer thread.
+pub struct ReadHalf<S: Read> {
+    pub stream: S,
+    pending: Vec<u8>,
+}
+
+impl<S: Read> ReadHalf<S> {
+    pub fn new(stream: S) -> ReadHalf<S> {
+        ReadHalf {
+            stream,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Control-frame bytes produced while reading, to be written by the writer.
+    pub fn take_pending(&mut self) -> Option<Vec<u8>> {
+        (!self.pending.is_empty()).then(|| std::mem::take(&mut self.pending))
+    }
+}
+
+impl<S: Read> Read for ReadHalf<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl<S: Read> Write for ReadHalf<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.pending.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The writing side: a context and its stream.
+pub struct Writer<S: Read + Write> {
+    ctx: WebSocketContext,
+    pub stream: S,
+}
+
+impl<S: Read + Write> Writer<S> {
+    pub fn new(stream: S, role: Role, max_message: usize) -> Writer<S> {
+        Writer {
+            ctx: WebSocketContext::new(role, Some(config(max_message))),
+            stream,
+        }
+    }
+
+    /// Queues a text message, fragmenting it when large. Call [`Writer::flush`] after.
+    pub fn text(&mut self, text: String) -> tungstenite::Result<()> {
+        if text.len() <= FRAME_BYTES {
+            return self.ctx.write(&mut self.stream, Message::text(text));
+        }
+        let bytes = text.into_bytes();
+        let parts: Vec<&[u8]> = bytes.chunks(FRAME_BYTES).collect();
+        let last = parts.len() - 1;
+        for (i, part) in parts.into_iter().enumerate() {
+            let opcode = if i == 0 {
+                OpCode::Data(Data::Text)
+            } else {
+                OpCode::Data(Data::Continue)
+            };
+            let frame = Frame::message(part.to_vec(), opcode, i == last);
+            self.ctx.write(&mut self.stream, Message::Frame(frame))?;
+        }
+        Ok(())
+    }
+
+    /// Writes bytes that a [`ReadHalf`] captured, after whatever is already queued.
+    pub fn raw(&mut self, bytes: &[u8]) -> tungstenite::Result<()> {
+        self.ctx.flush(&mut self.stream)?;
+        self.stream.write_all(bytes)?;
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> tungstenite::Result<()> {
+        self.ctx.flush(&mut self.stream)
+    }
+
+    /// Sends a close frame with `reason` (truncated to fit a control frame).
+    pub fn close(&mut self, code: u16, reason: &str) -> tungstenite::Result<()> {
+        let mut reason = reason.to_string();
+        while reason.len() > 120 {
+            reason.pop();
+        }
+        let frame = tungstenite::protocol::CloseFrame {
+            code: code.into(),
+            reason: reason.into(),
+        };
+        self.ctx.close(&mut self.stream, Some(frame))
+    }
+}
+
+/// WebSocket close codes we use.
+pub mod close_code {
+    pub const NORMAL: u16 = 1000;
+    pub const GOING_AWAY: u16 = 1001;
+    pub const PROTOCOL: u16 = 1002;
+    pub const POLICY: u16 = 1008;
+}
