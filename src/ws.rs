@@ -19,7 +19,11 @@ pub const FRAME_BYTES: usize = 4 * 1024 * 1024;
 
 /// Reader/writer configuration: messages up to `max_message` bytes in any framing.
 pub fn config(max_message: usize) -> WebSocketConfig {
+    // The default 128 KiB read buffer per socket would dominate idle memory with many
+    // workers; messages larger than this still work, the buffer grows on demand.
     WebSocketConfig::default()
+        .read_buffer_size(16 * 1024)
+        .write_buffer_size(16 * 1024)
         .max_message_size(Some(max_message))
         .max_frame_size(Some(max_message))
 }

@@ -98,11 +98,10 @@ impl Conn {
 
     /// Reads more bytes; `Ok(0)` is end of stream.
     fn fill(&mut self) -> io::Result<usize> {
-        let start = self.buf.len();
-        self.buf.resize(start + READ_CHUNK, 0);
-        let result = self.stream.read(&mut self.buf[start..]);
-        self.buf.truncate(start + *result.as_ref().unwrap_or(&0));
-        result
+        let mut chunk = [0u8; READ_CHUNK];
+        let n = self.stream.read(&mut chunk)?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
     }
 
     pub fn read_request(&mut self, limits: &Limits) -> Result<Request, ReadError> {

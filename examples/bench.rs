@@ -1,0 +1,434 @@
+//! Relay benchmark: `make bench` (or `cargo run --release --example bench`).
+//!
+//! Starts the real `modelrelay-server` binary, a std-only fake backend and fake workers
+//! over loopback, then prints each figure for the relay next to the same figure measured
+//! directly against the backend:
+//!
+//! * added latency p50/p99 of sequential non-streaming requests (one keep-alive client),
+//! * stream time-to-first-chunk and largest gap between chunks,
+//! * requests/s with 8 and 64 concurrent keep-alive clients,
+//! * server CPU and RSS while idle with 100 workers connected.
+//!
+//! `BENCH_SECS` sets the throughput window (default 3). Fake workers answer from memory
+//! (the worker daemon is benchmarked separately once it exists).
+
+#[path = "support/fake_backend.rs"]
+mod fake_backend;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fake_backend::FakeBackend;
+use modelrelay::protocol::{to_json, ResponseComplete, ServerMessage, WorkerMessage};
+use modelrelay::ws::{self, ReadHalf, Writer};
+use tungstenite::client::IntoClientRequest;
+use tungstenite::protocol::{Role, WebSocketContext};
+use tungstenite::Message;
+
+const SECRET: &str = "bench-secret";
+const MODEL: &str = "bench";
+const ANSWER: &str =
+    "the quick brown fox jumps over the lazy dog while the relay keeps every token in order";
+
+fn main() {
+    let secs: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let backend = FakeBackend::new(MODEL, ANSWER);
+    let backend_addr = backend.clone().spawn("127.0.0.1:0").expect("backend");
+    let server = ServerProcess::start();
+    let relay = server.addr;
+    for _ in 0..4 {
+        spawn_fake_worker(relay, MODEL, 64, backend.clone());
+    }
+    wait_for(|| health(relay).contains("\"workers_connected\":4"));
+
+    println!("modelrelay benchmark (server binary, fake workers answering from memory, loopback)");
+    println!(
+        "{:<44} {:>12} {:>12} {:>12}",
+        "figure", "direct", "relay", "added/ratio"
+    );
+    let body = chat(false);
+    let d = sequential(backend_addr, &body, 2000);
+    let r = sequential(relay, &body, 2000);
+    row_ms("sequential latency p50 (ms)", d.p(50), r.p(50));
+    row_ms("sequential latency p99 (ms)", d.p(99), r.p(99));
+    let (d_ttfc, d_gap) = streams(backend_addr, 300);
+    let (r_ttfc, r_gap) = streams(relay, 300);
+    row_ms(
+        "stream time to first chunk p50 (ms)",
+        d_ttfc.p(50),
+        r_ttfc.p(50),
+    );
+    row_ms(
+        "stream time to first chunk p99 (ms)",
+        d_ttfc.p(99),
+        r_ttfc.p(99),
+    );
+    row_ms(
+        "largest gap between chunks, worst (ms)",
+        d_gap.max(),
+        r_gap.max(),
+    );
+    for clients in [8, 64] {
+        let d = throughput(backend_addr, clients, Duration::from_secs(secs));
+        let r = throughput(relay, clients, Duration::from_secs(secs));
+        println!(
+            "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
+            format!("requests/s, {clients} clients"),
+            d,
+            r,
+            100.0 * r / d
+        );
+    }
+    for _ in 0..100 {
+        spawn_fake_worker(relay, "idle-model", 1, backend.clone());
+    }
+    wait_for(|| health(relay).contains("\"workers_connected\":104"));
+    std::thread::sleep(Duration::from_secs(1));
+    let (cpu, window) = server.cpu_over(Duration::from_secs(5));
+    println!(
+        "{:<44} {:>12} {:>11.2}% {:>12}",
+        "server CPU idle, 104 workers connected",
+        "",
+        100.0 * cpu.as_secs_f64() / window.as_secs_f64(),
+        format!("{}ms/{}s", cpu.as_millis(), window.as_secs())
+    );
+    println!(
+        "{:<44} {:>12} {:>10} KB",
+        "server RSS, 104 workers connected",
+        "",
+        server.rss_kb()
+    );
+}
+
+fn row_ms(name: &str, direct: Duration, relay: Duration) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{:<44} {:>12.3} {:>12.3} {:>+12.3}",
+        name,
+        ms(direct),
+        ms(relay),
+        ms(relay) - ms(direct)
+    );
+}
+
+fn chat(stream: bool) -> String {
+    format!(
+        r#"{{"model":"{MODEL}","stream":{stream},"max_tokens":16,"messages":[{{"role":"user","content":"hello"}}]}}"#
+    )
+}
+
+struct Samples(Vec<Duration>);
+
+impl Samples {
+    fn p(&self, pct: usize) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    }
+    fn max(&self) -> Duration {
+        self.0.iter().max().copied().unwrap_or_default()
+    }
+}
+
+/// A keep-alive HTTP/1.1 client connection.
+struct Client {
+    out: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr) -> Client {
+        let out = TcpStream::connect(addr).expect("connect");
+        out.set_nodelay(true).ok();
+        let reader = BufReader::new(out.try_clone().expect("clone"));
+        Client { out, reader }
+    }
+
+    fn send(&mut self, body: &str) {
+        let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        self.out.write_all(req.as_bytes()).expect("send");
+    }
+
+    /// Reads one response; calls `on_chunk` with the arrival time of each body piece.
+    fn read(&mut self, mut on_chunk: impl FnMut(Instant)) -> u16 {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("status");
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let (mut length, mut chunked) = (0usize, false);
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).expect("header");
+            let l = line.trim_end().to_ascii_lowercase();
+            if l.is_empty() {
+                break;
+            }
+            if let Some(v) = l.strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+            if l.starts_with("transfer-encoding:") && l.contains("chunked") {
+                chunked = true;
+            }
+        }
+        if !chunked {
+            let mut body = vec![0; length];
+            self.reader.read_exact(&mut body).expect("body");
+            on_chunk(Instant::now());
+            return status;
+        }
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).expect("chunk size");
+            let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
+            let mut data = vec![0; size + 2];
+            self.reader.read_exact(&mut data).expect("chunk");
+            if size == 0 {
+                return status;
+            }
+            on_chunk(Instant::now());
+        }
+    }
+}
+
+fn sequential(addr: SocketAddr, body: &str, n: usize) -> Samples {
+    let mut c = Client::connect(addr);
+    for _ in 0..100 {
+        c.send(body);
+        c.read(|_| {});
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        c.send(body);
+        assert_eq!(c.read(|_| {}), 200);
+        out.push(t.elapsed());
+    }
+    Samples(out)
+}
+
+/// Returns (time to first chunk, largest gap between chunks) per stream.
+fn streams(addr: SocketAddr, n: usize) -> (Samples, Samples) {
+    let body = chat(true);
+    let mut c = Client::connect(addr);
+    let (mut ttfc, mut gaps) = (Vec::new(), Vec::new());
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        c.send(&body);
+        let mut arrivals = Vec::new();
+        assert_eq!(c.read(|at| arrivals.push(at)), 200);
+        if i < 20 {
+            continue;
+        }
+        ttfc.push(arrivals[0] - t);
+        gaps.push(
+            arrivals
+                .windows(2)
+                .map(|w| w[1] - w[0])
+                .max()
+                .unwrap_or_default(),
+        );
+    }
+    (Samples(ttfc), Samples(gaps))
+}
+
+fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..clients)
+        .map(|_| {
+            let (done, stop) = (done.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let body = chat(false);
+                let mut c = Client::connect(addr);
+                while !stop.load(Ordering::Relaxed) {
+                    c.send(&body);
+                    if c.read(|_| {}) == 200 {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (start_count, start) = (done.load(Ordering::Relaxed), Instant::now());
+    std::thread::sleep(window);
+    let count = done.load(Ordering::Relaxed) - start_count;
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.join();
+    }
+    count as f64 / elapsed.as_secs_f64()
+}
+
+/// A fake worker answering from memory: the backend's canned completion, or its words as
+/// SSE chunks.
+fn spawn_fake_worker(relay: SocketAddr, model: &str, max: u32, backend: FakeBackend) {
+    let mut req = format!("ws://{relay}/v1/worker/connect?provider=local")
+        .into_client_request()
+        .expect("req");
+    req.headers_mut()
+        .insert("x-worker-secret", SECRET.parse().expect("hdr"));
+    let stream = TcpStream::connect(relay).expect("connect");
+    stream.set_nodelay(true).ok();
+    let (ws, _) = tungstenite::client::client(req, stream).expect("handshake");
+    let stream = ws.into_inner();
+    let model = model.to_string();
+    std::thread::spawn(move || {
+        let mut writer = Writer::new(stream.try_clone().expect("clone"), Role::Client, 64 << 20);
+        let mut reader = ReadHalf::new(stream);
+        let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(64 << 20)));
+        let register = format!(
+            r#"{{"type":"register","worker_name":"fake","models":["{model}"],"max_concurrent":{max},"protocol_version":"1"}}"#
+        );
+        writer
+            .text(register)
+            .and_then(|_| writer.flush())
+            .expect("register");
+        let completion = backend.completion();
+        while let Ok(msg) = ctx.read(&mut reader) {
+            let Message::Text(text) = msg else { continue };
+            match ServerMessage::parse(&text) {
+                Ok(ServerMessage::Request(r)) => {
+                    if r.is_streaming {
+                        for word in &backend.words {
+                            let chunk = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{word}\"}}}}]}}\n\n");
+                            let msg = WorkerMessage::ResponseChunk {
+                                request_id: r.request_id.clone(),
+                                chunk,
+                            };
+                            let _ = writer.text(to_json(&msg));
+                            let _ = writer.flush();
+                        }
+                    }
+                    let done = ResponseComplete {
+                        request_id: r.request_id.clone(),
+                        status_code: 200,
+                        body: (!r.is_streaming).then(|| completion.clone()),
+                        ..Default::default()
+                    };
+                    let _ = writer.text(to_json(&WorkerMessage::ResponseComplete(done)));
+                    let _ = writer.flush();
+                }
+                Ok(ServerMessage::Ping { timestamp_unix_ms }) => {
+                    let _ = writer.text(to_json(&WorkerMessage::Pong {
+                        current_load: 0,
+                        timestamp_unix_ms,
+                    }));
+                    let _ = writer.flush();
+                }
+                _ => {}
+            }
+        }
+    });
+}
+
+struct ServerProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    fn start() -> ServerProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let child = Command::new(binary("modelrelay-server"))
+            .env("WORKER_SECRET", SECRET)
+            .env("LISTEN_ADDR", addr.to_string())
+            .env("LOG_LEVEL", "warn")
+            .env("MAX_QUEUE_LEN", "1000")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start modelrelay-server (build it with `cargo build --release` first)");
+        wait_for(|| TcpStream::connect(addr).is_ok());
+        ServerProcess { child, addr }
+    }
+
+    fn stat_ticks(&self) -> u64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        // utime and stime are fields 14 and 15; after the ')' split they are 11 and 12.
+        fields
+            .get(11)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            + fields
+                .get(12)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+    }
+
+    /// CPU time the server used during `window` (clock ticks are 10 ms on Linux).
+    fn cpu_over(&self, window: Duration) -> (Duration, Duration) {
+        let before = self.stat_ticks();
+        let t = Instant::now();
+        std::thread::sleep(window);
+        let ticks = self.stat_ticks() - before;
+        (Duration::from_millis(ticks * 10), t.elapsed())
+    }
+
+    fn rss_kb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("exe");
+    // target/release/examples/bench -> target/release/<name>
+    exe.parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join(name))
+        .expect("target dir")
+}
+
+fn health(addr: SocketAddr) -> String {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.write_all(b"GET /health HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn wait_for(cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "benchmark setup timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
