@@ -160,11 +160,10 @@ impl Settings {
     }
 }
 
-/// Sets up `env_logger` from `LOG_LEVEL` (or `RUST_LOG`, which wins when both are set).
-pub fn init_logging(default_level: &str) {
-    let level = std::env::var("RUST_LOG")
-        .or_else(|_| std::env::var("LOG_LEVEL"))
-        .unwrap_or_else(|_| default_level.to_string());
+/// Sets up `env_logger` at `level` (the `--log-level`/`LOG_LEVEL` setting); `RUST_LOG`,
+/// when set, wins and allows per-module filters.
+pub fn init_logging(level: &str) {
+    let level = std::env::var("RUST_LOG").unwrap_or_else(|_| level.to_string());
     let _ = env_logger::Builder::new()
         .parse_filters(&level)
         .format_target(false)

@@ -19,4 +19,5 @@
 pub mod cli;
 pub mod protocol;
 pub mod server;
+pub mod worker;
 pub mod ws;

@@ -8,6 +8,11 @@
 //! deployed peers refuse frames above 16 MiB.
 
 use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+use serde::Serialize;
 
 use tungstenite::protocol::frame::coding::{Data, OpCode};
 use tungstenite::protocol::frame::Frame;
@@ -130,4 +135,53 @@ pub mod close_code {
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL: u16 = 1002;
     pub const POLICY: u16 = 1008;
+}
+
+/// What a socket's writer thread is asked to do.
+#[derive(Debug)]
+pub enum Outgoing<M> {
+    /// Serialize and send one protocol message.
+    Message(M),
+    /// Control-frame bytes captured by the reader (pong, close echo).
+    Raw(Vec<u8>),
+    /// Send a close frame with this code and reason, then shut the socket down.
+    Close(u16, String),
+}
+
+/// The writer thread body shared by both binaries: writes queued items, batching whatever
+/// is ready into one flush (no timer, no polling), until asked to close, until every
+/// sender is dropped, or until the socket fails. It then closes and shuts the socket
+/// down, which also ends the reader blocked on it.
+pub fn write_loop<M: Serialize>(
+    stream: TcpStream,
+    queue: Receiver<Outgoing<M>>,
+    role: Role,
+    max: usize,
+    write_timeout: Duration,
+) {
+    let _ = stream.set_write_timeout(Some(write_timeout));
+    let mut w = Writer::new(stream, role, max);
+    let mut close = (close_code::GOING_AWAY, String::from("closing"));
+    'socket: while let Ok(first) = queue.recv() {
+        let mut next = Some(first);
+        while let Some(item) = next {
+            let written = match item {
+                Outgoing::Message(msg) => w.text(crate::protocol::to_json(&msg)),
+                Outgoing::Raw(bytes) => w.raw(&bytes),
+                Outgoing::Close(code, reason) => {
+                    close = (code, reason);
+                    break 'socket;
+                }
+            };
+            if written.is_err() {
+                break 'socket;
+            }
+            next = queue.try_recv().ok();
+        }
+        if w.flush().is_err() {
+            break;
+        }
+    }
+    let _ = w.close(close.0, &close.1);
+    let _ = w.stream.shutdown(Shutdown::Both);
 }

@@ -4,17 +4,79 @@
 //! * `GET /v1/models` lists [`FakeBackend::model`].
 //! * `POST /v1/...` answers a chat completion; with `"stream": true` it streams one SSE
 //!   event per word of the answer (chunked encoding, no pauses) and `data: [DONE]`.
+//! * Tests pick other behaviour with a `"scenario"` field in the body; see [`Scenario`].
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the backend observed, for tests.
+#[derive(Debug)]
+pub enum Observed {
+    /// A request arrived: path and body.
+    Request(String, String),
+    /// A `hang`/`drip` stream saw its client close the connection, this long after the
+    /// stream began.
+    ClientClosed(Duration),
+}
+
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub active: AtomicUsize,
+    pub max_active: AtomicUsize,
+    pub requests: AtomicUsize,
+}
 
 #[derive(Clone)]
 pub struct FakeBackend {
     pub model: String,
     /// Words of the answer; one SSE event each when streaming.
     pub words: Vec<String>,
+    pub stats: Arc<Stats>,
+    observer: Option<crossbeam_channel::Sender<Observed>>,
+}
+
+/// Test behaviours, selected by `"scenario":"..."` in the request body.
+#[derive(Debug, PartialEq)]
+enum Scenario {
+    Normal,
+    /// Answer with this status and a JSON error body (streaming or not).
+    Status(u16),
+    /// Stream text whose multi-byte characters are split across TCP writes.
+    SplitUtf8,
+    /// A non-streaming body of this many bytes.
+    Big(usize),
+    /// Stream one event, then wait for the client to close.
+    Hang,
+    /// Stream an event every 20 ms until the client closes.
+    Drip,
+    /// Wait this long before answering (normal answer).
+    Delay(u64),
+    /// Stream normally, then close the connection although keep-alive was implied
+    /// (what llama-server does).
+    CloseAfter,
+}
+
+fn scenario(body: &str) -> Scenario {
+    let Some(start) = body.find("\"scenario\":\"") else {
+        return Scenario::Normal;
+    };
+    let rest = &body[start + 12..];
+    let name = &rest[..rest.find('"').unwrap_or(0)];
+    let (kind, arg) = name.split_once(':').unwrap_or((name, ""));
+    match kind {
+        "status" => Scenario::Status(arg.parse().unwrap_or(500)),
+        "split-utf8" => Scenario::SplitUtf8,
+        "big" => Scenario::Big(arg.parse().unwrap_or(1 << 20)),
+        "hang" => Scenario::Hang,
+        "drip" => Scenario::Drip,
+        "delay" => Scenario::Delay(arg.parse().unwrap_or(100)),
+        "close-after" => Scenario::CloseAfter,
+        _ => Scenario::Normal,
+    }
 }
 
 impl FakeBackend {
@@ -22,7 +84,16 @@ impl FakeBackend {
         FakeBackend {
             model: model.to_string(),
             words: answer.split_inclusive(' ').map(String::from).collect(),
+            stats: Arc::new(Stats::default()),
+            observer: None,
         }
+    }
+
+    /// Reports requests and closed connections on the returned channel.
+    pub fn observed(mut self) -> (FakeBackend, crossbeam_channel::Receiver<Observed>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.observer = Some(tx);
+        (self, rx)
     }
 
     /// Binds `addr` and serves forever on background threads.
@@ -39,6 +110,12 @@ impl FakeBackend {
         Ok(local)
     }
 
+    fn observe(&self, what: Observed) {
+        if let Some(tx) = &self.observer {
+            let _ = tx.send(what);
+        }
+    }
+
     fn serve(&self, stream: TcpStream) {
         let _ = stream.set_nodelay(true);
         let Ok(write_half) = stream.try_clone() else {
@@ -50,7 +127,8 @@ impl FakeBackend {
             let Some((method, path, body)) = read_request(&mut reader) else {
                 return;
             };
-            let ok = match (method.as_str(), path.as_str()) {
+            let body = String::from_utf8_lossy(&body).into_owned();
+            let keep_going = match (method.as_str(), path.as_str()) {
                 ("GET", "/v1/models") => {
                     let body = format!(
                         r#"{{"object":"list","data":[{{"id":"{}","object":"model","owned_by":"demo"}}]}}"#,
@@ -61,13 +139,15 @@ impl FakeBackend {
                 ("GET", "/health") => {
                     respond(&mut out, 200, "application/json", b"{\"status\":\"ok\"}")
                 }
-                ("POST", _) if is_stream(&body) => self.stream_answer(&mut out),
-                ("POST", _) => respond(
-                    &mut out,
-                    200,
-                    "application/json",
-                    self.completion().as_bytes(),
-                ),
+                ("POST", _) => {
+                    self.observe(Observed::Request(path.clone(), body.clone()));
+                    let active = self.stats.active.fetch_add(1, Ordering::SeqCst) + 1;
+                    self.stats.max_active.fetch_max(active, Ordering::SeqCst);
+                    self.stats.requests.fetch_add(1, Ordering::SeqCst);
+                    let ok = self.answer(&mut out, &mut reader, &body);
+                    self.stats.active.fetch_sub(1, Ordering::SeqCst);
+                    ok
+                }
                 _ => respond(
                     &mut out,
                     404,
@@ -75,9 +155,76 @@ impl FakeBackend {
                     b"{\"error\":\"not found\"}",
                 ),
             };
-            if !ok {
+            if !keep_going {
                 return;
             }
+        }
+    }
+
+    /// Answers one POST; false when the connection should close.
+    fn answer(&self, out: &mut TcpStream, reader: &mut BufReader<TcpStream>, body: &str) -> bool {
+        let stream = is_stream(body.as_bytes());
+        match scenario(body) {
+            Scenario::Status(code) => {
+                let err = format!(
+                    r#"{{"error":{{"message":"scenario status {code}","type":"backend_error"}}}}"#
+                );
+                respond(out, code, "application/json", err.as_bytes())
+            }
+            Scenario::Big(n) => {
+                let mut big = String::with_capacity(n + 16);
+                big.push_str("{\"pad\":\"");
+                big.extend(std::iter::repeat_n('x', n.saturating_sub(10)));
+                big.push_str("\"}");
+                respond(out, 200, "application/json", big.as_bytes())
+            }
+            Scenario::SplitUtf8 => {
+                let text = "data: {\"content\":\"héllo wörld 🌍 ok\"}\n\n".as_bytes();
+                if !start_stream(out) {
+                    return false;
+                }
+                // Every piece ends inside a multi-byte character.
+                for piece in [&text[..20], &text[20..27], &text[27..34], &text[34..]] {
+                    if write_chunk(out, piece).is_err() {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(15));
+                }
+                out.write_all(b"0\r\n\r\n").is_ok()
+            }
+            Scenario::Hang | Scenario::Drip => {
+                let drip = scenario(body) == Scenario::Drip;
+                let began = Instant::now();
+                if !start_stream(out) || write_chunk(out, b"data: {\"n\":0}\n\n").is_err() {
+                    return false;
+                }
+                let closed = if drip {
+                    drip_until_closed(out)
+                } else {
+                    wait_until_closed(reader)
+                };
+                if closed {
+                    self.observe(Observed::ClientClosed(began.elapsed()));
+                }
+                false
+            }
+            Scenario::Delay(ms) => {
+                std::thread::sleep(Duration::from_millis(ms));
+                self.normal(out, stream)
+            }
+            Scenario::CloseAfter => {
+                self.normal(out, true);
+                false
+            }
+            Scenario::Normal => self.normal(out, stream),
+        }
+    }
+
+    fn normal(&self, out: &mut TcpStream, stream: bool) -> bool {
+        if stream {
+            self.stream_answer(out)
+        } else {
+            respond(out, 200, "application/json", self.completion().as_bytes())
         }
     }
 
@@ -93,8 +240,7 @@ impl FakeBackend {
     }
 
     fn stream_answer(&self, out: &mut TcpStream) -> bool {
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-        if out.write_all(head.as_bytes()).is_err() {
+        if !start_stream(out) {
             return false;
         }
         for word in &self.words {
@@ -107,8 +253,43 @@ impl FakeBackend {
                 return false;
             }
         }
-        write_chunk(out, b"data: [DONE]\n\n").is_ok() && out.write_all(b"0\r\n\r\n").is_ok()
+        let usage = format!(
+            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":{},\"total_tokens\":{}}}}}\n\n",
+            self.words.len(),
+            self.words.len() + 5
+        );
+        write_chunk(out, usage.as_bytes()).is_ok()
+            && write_chunk(out, b"data: [DONE]\n\n").is_ok()
+            && out.write_all(b"0\r\n\r\n").is_ok()
     }
+}
+
+fn start_stream(out: &mut TcpStream) -> bool {
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    out.write_all(head.as_bytes()).is_ok()
+}
+
+/// Blocks until the peer closes (read returns 0 or fails).
+fn wait_until_closed(reader: &mut BufReader<TcpStream>) -> bool {
+    let mut buf = [0u8; 512];
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// Sends an event every 20 ms until a write fails.
+fn drip_until_closed(out: &mut TcpStream) -> bool {
+    for n in 1.. {
+        std::thread::sleep(Duration::from_millis(20));
+        if write_chunk(out, format!("data: {{\"n\":{n}}}\n\n").as_bytes()).is_err() {
+            return true;
+        }
+    }
+    false
 }
 
 fn is_stream(body: &[u8]) -> bool {

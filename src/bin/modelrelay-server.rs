@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         }
         Err(e) => return bad_config(&e.to_string()),
     };
-    cli::init_logging("info");
+    cli::init_logging(settings.get("log-level").unwrap_or("info"));
     let cfg = match ServerConfig::from_settings(&settings) {
         Ok(cfg) => cfg,
         Err(e) => return bad_config(&e.to_string()),

@@ -13,7 +13,6 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
 use log::{debug, info, warn};
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
@@ -25,8 +24,8 @@ use super::dispatcher::{Event, WorkerId};
 use super::http::request::{Conn, Request};
 use super::relay::write_error;
 use super::Ctx;
-use crate::protocol::{to_json, RegisterMessage, WorkerMessage};
-use crate::ws::{self, close_code, ReadHalf, Writer};
+use crate::protocol::{RegisterMessage, WorkerMessage};
+use crate::ws::{self, close_code, Outgoing, ReadHalf, Writer};
 
 /// How long a new socket may take to send `register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -138,7 +137,7 @@ fn serve(stream: TcpStream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
     let spawned = std::thread::Builder::new()
         .name(format!("worker-w{id}-tx"))
         .stack_size(super::THREAD_STACK)
-        .spawn(move || write_loop(stream, queue, max));
+        .spawn(move || ws::write_loop(stream, queue, Role::Server, max, WRITE_TIMEOUT));
     if spawned.is_err() {
         warn!("could not start a writer thread for worker socket from {remote}");
         return;
@@ -189,7 +188,7 @@ fn read_loop(
     loop {
         let result = rctx.read(reader);
         if let Some(bytes) = reader.take_pending() {
-            let _ = outbound.send(Outbound::Raw(bytes));
+            let _ = outbound.send(Outgoing::Raw(bytes));
         }
         match result {
             Ok(Message::Text(text)) => match WorkerMessage::parse(&text) {
@@ -214,49 +213,5 @@ fn read_loop(
             Ok(_) => {}
             Err(e) => return format!("socket error: {e}"),
         }
-    }
-}
-
-/// Writes queued messages, batching whatever is ready into one flush. Ends when asked
-/// to close, when the dispatcher drops the sender, or when the socket fails; it then
-/// shuts the socket down, which also ends the reader.
-fn write_loop(stream: TcpStream, queue: Receiver<Outbound>, max: usize) {
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-    let mut w = Writer::new(stream, Role::Server, max);
-    let mut close = (
-        close_code::GOING_AWAY,
-        "server closed the connection".to_string(),
-    );
-    'socket: while let Ok(first) = queue.recv() {
-        let mut next = Some(first);
-        while let Some(item) = next {
-            let written = match item {
-                Outbound::Message(msg) => w.text(to_json(&msg)),
-                Outbound::Raw(bytes) => w.raw(&bytes),
-                Outbound::Close(reason) => {
-                    close = (close_code_for(&reason), reason);
-                    break 'socket;
-                }
-            };
-            if written.is_err() {
-                break 'socket;
-            }
-            next = queue.try_recv().ok();
-        }
-        if w.flush().is_err() {
-            break;
-        }
-    }
-    let _ = w.close(close.0, &close.1);
-    let _ = w.stream.shutdown(Shutdown::Both);
-}
-
-fn close_code_for(reason: &str) -> u16 {
-    if reason.contains("protocol") {
-        close_code::PROTOCOL
-    } else if reason == "drained" {
-        close_code::NORMAL
-    } else {
-        close_code::GOING_AWAY
     }
 }

@@ -18,6 +18,8 @@ use tungstenite::client::IntoClientRequest;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
+pub mod procs;
+
 pub const SECRET: &str = "s3cret";
 /// Upper bound for waiting on something that should happen promptly. Tests fail, not
 /// hang, when it does not.

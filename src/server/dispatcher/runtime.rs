@@ -13,16 +13,10 @@ use log::debug;
 use super::{Action, ClientEvent, Dispatcher, Event, RequestId, WorkerId};
 use crate::protocol::{RegisterMessage, RequestMessage, ServerMessage};
 use crate::server::shared::Shared;
+use crate::ws::{close_code, Outgoing};
 
 /// What a worker's writer thread is asked to put on the socket.
-#[derive(Debug)]
-pub enum Outbound {
-    Message(ServerMessage),
-    /// Control-frame bytes captured by the reader (pong, close echo).
-    Raw(Vec<u8>),
-    /// Close with this reason, then shut the socket down.
-    Close(String),
-}
+pub type Outbound = Outgoing<ServerMessage>;
 
 /// Inputs from the socket threads: an [`Event`] plus the channels that go with it.
 #[derive(Debug)]
@@ -121,12 +115,12 @@ fn execute(
                 if let Some(tx) = workers.get(&id) {
                     // A closed channel means the socket is going away; its WorkerLeft
                     // event is already on its way to us.
-                    let _ = tx.send(Outbound::Message(msg));
+                    let _ = tx.send(Outgoing::Message(msg));
                 }
             }
             Action::CloseWorker(id, reason) => {
                 if let Some(tx) = workers.remove(&id) {
-                    let _ = tx.send(Outbound::Close(reason));
+                    let _ = tx.send(Outgoing::Close(close_code_for(&reason), reason));
                 }
             }
             Action::ToClient(id, event) => {
@@ -143,4 +137,14 @@ fn execute(
         }
     }
     exit
+}
+
+fn close_code_for(reason: &str) -> u16 {
+    if reason.contains("protocol") {
+        close_code::PROTOCOL
+    } else if reason == "drained" {
+        close_code::NORMAL
+    } else {
+        close_code::GOING_AWAY
+    }
 }

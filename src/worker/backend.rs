@@ -1,0 +1,471 @@
+//! The worker's client for its local backend (llama-server, Ollama, vLLM, ...).
+//!
+//! Blocking `ureq` requests, one agent per backend slot: the slot pool is what keeps the
+//! backend at `MAX_CONCURRENCY` parallel requests, and a per-slot agent lets a cancel
+//! shut down exactly that request's socket (`Agent::shutdown`) so the backend sees the
+//! connection close and stops generating at once. A cancelled slot gets a fresh agent.
+//!
+//! Streaming bodies are forwarded piece by piece as they are read; a multi-byte UTF-8
+//! character split across reads is carried over to the next piece ([`Utf8Carry`]).
+
+use std::io::Read;
+use std::time::Duration;
+
+use crossbeam_channel::{select, Receiver, Sender};
+use log::{debug, warn};
+
+use super::inflight::Handle;
+use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, TokenCounts, WorkerMessage};
+
+/// Response headers not worth sending to the server (framing is redone there).
+const SKIPPED_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "date",
+];
+/// Read size for streamed bodies: a read returns as soon as any bytes arrived.
+const READ_BYTES: usize = 16 * 1024;
+
+/// How a forwarded request ended (the caller turns it into protocol messages).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `response_complete` was sent.
+    Completed,
+    /// Cancelled by the server; the backend socket was shut down.
+    Cancelled,
+    /// Could not get an answer from the backend (nothing was sent yet).
+    Unreachable(String),
+    /// The backend failed after part of a stream was sent.
+    StreamBroken(String),
+    /// The answer exceeded what fits in one WebSocket message.
+    TooLarge(usize),
+}
+
+pub struct Backend {
+    base: String,
+    api_key: Option<String>,
+    max_body: usize,
+    slots_tx: Sender<ureq::Agent>,
+    slots_rx: Receiver<ureq::Agent>,
+}
+
+fn fresh_agent() -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(10)))
+        .max_idle_connections_per_host(1)
+        .user_agent(concat!("modelrelay-worker/", env!("CARGO_PKG_VERSION")))
+        .build();
+    ureq::Agent::new_with_config(config)
+}
+
+impl Backend {
+    /// `max_body` caps a non-streamed answer (it travels in one WebSocket message).
+    pub fn new(base: &str, api_key: Option<String>, slots: u32, max_body: usize) -> Backend {
+        let (slots_tx, slots_rx) = crossbeam_channel::bounded(slots as usize);
+        for _ in 0..slots {
+            let _ = slots_tx.send(fresh_agent());
+        }
+        Backend {
+            base: base.trim_end_matches('/').to_string(),
+            api_key,
+            max_body,
+            slots_tx,
+            slots_rx,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Reads the backend's model list (`GET /v1/models`, OpenAI list shape).
+    pub fn models(&self) -> Result<Vec<String>, String> {
+        let agent = fresh_agent();
+        let mut req = agent.get(&self.url("/v1/models"));
+        if let Some(key) = &self.api_key {
+            req = req.header("authorization", &format!("Bearer {key}"));
+        }
+        let resp = req
+            .call()
+            .map_err(|e| format!("GET /v1/models failed: {e}"))?;
+        let status = resp.status().as_u16();
+        let mut body = String::new();
+        resp.into_body()
+            .into_reader()
+            .take(4 << 20)
+            .read_to_string(&mut body)
+            .map_err(|e| format!("reading /v1/models: {e}"))?;
+        if status != 200 {
+            return Err(format!("GET /v1/models answered {status}"));
+        }
+        parse_model_list(&body)
+    }
+
+    /// Runs one request to completion, sending protocol messages through `emit`.
+    pub fn forward(
+        &self,
+        req: &RequestMessage,
+        handle: &Handle,
+        emit: &mut dyn FnMut(WorkerMessage),
+    ) -> Outcome {
+        let Some(mut agent) = self.take_slot(handle) else {
+            return Outcome::Cancelled;
+        };
+        let outcome = self.forward_on(&mut agent, req, handle, emit);
+        handle.detach();
+        // A cancelled agent is shut down for good; the slot gets a new one.
+        let agent = if handle.is_cancelled() {
+            fresh_agent()
+        } else {
+            agent
+        };
+        let _ = self.slots_tx.send(agent);
+        outcome
+    }
+
+    /// Waits for a free backend slot (or the cancel).
+    fn take_slot(&self, handle: &Handle) -> Option<ureq::Agent> {
+        select! {
+            recv(self.slots_rx) -> agent => agent.ok(),
+            recv(handle.cancelled_signal()) -> _ => None,
+        }
+    }
+
+    fn forward_on(
+        &self,
+        agent: &mut ureq::Agent,
+        req: &RequestMessage,
+        handle: &Handle,
+        emit: &mut dyn FnMut(WorkerMessage),
+    ) -> Outcome {
+        let mut retried = false;
+        let response = loop {
+            if !handle.attach(agent) {
+                return Outcome::Cancelled;
+            }
+            match self.send(agent, req) {
+                Ok(resp) => break resp,
+                Err(_) if handle.is_cancelled() => return Outcome::Cancelled,
+                // A pooled keep-alive connection the backend already closed (llama-server
+                // does this after a stream) fails before any response byte: the backend
+                // never saw the request, so one retry on a fresh connection is safe.
+                Err(e) if !retried && is_stale_connection(&e) => {
+                    debug!(
+                        "request {}: stale backend connection ({e}); retrying once",
+                        req.request_id
+                    );
+                    retried = true;
+                    *agent = fresh_agent();
+                }
+                Err(e) => return Outcome::Unreachable(e.to_string()),
+            }
+        };
+        let status = response.status().as_u16();
+        let headers = response_headers(&response);
+        let reader = response.into_body().into_reader();
+        if req.is_streaming && status < 400 {
+            self.stream_body(req, status, headers, reader, handle, emit)
+        } else {
+            self.whole_body(req, status, headers, reader, handle, emit)
+        }
+    }
+
+    fn send(
+        &self,
+        agent: &ureq::Agent,
+        req: &RequestMessage,
+    ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
+        let mut builder = agent.post(&self.url(&req.endpoint_path));
+        for (name, value) in &req.headers {
+            if name == "authorization" && self.api_key.is_some() {
+                continue;
+            }
+            builder = builder.header(name.as_str(), value.as_str());
+        }
+        if let Some(key) = &self.api_key {
+            builder = builder.header("authorization", &format!("Bearer {key}"));
+        }
+        if !req.headers.contains_key("content-type") {
+            builder = builder.header("content-type", "application/json");
+        }
+        builder.send(req.body.as_bytes())
+    }
+
+    fn stream_body(
+        &self,
+        req: &RequestMessage,
+        status: u16,
+        headers: HeaderMap,
+        mut reader: impl Read,
+        handle: &Handle,
+        emit: &mut dyn FnMut(WorkerMessage),
+    ) -> Outcome {
+        let mut buf = vec![0u8; READ_BYTES];
+        let mut carry = Utf8Carry::default();
+        let mut usage = UsageScanner::default();
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let text = carry.push(&buf[..n]);
+                    if text.is_empty() {
+                        continue;
+                    }
+                    usage.scan(&text);
+                    emit(WorkerMessage::ResponseChunk {
+                        request_id: req.request_id.clone(),
+                        chunk: text,
+                    });
+                }
+                Err(_) if handle.is_cancelled() => return Outcome::Cancelled,
+                Err(e) => return Outcome::StreamBroken(e.to_string()),
+            }
+        }
+        let tail = carry.finish();
+        if !tail.is_empty() {
+            emit(WorkerMessage::ResponseChunk {
+                request_id: req.request_id.clone(),
+                chunk: tail,
+            });
+        }
+        emit(WorkerMessage::ResponseComplete(ResponseComplete {
+            request_id: req.request_id.clone(),
+            status_code: status,
+            headers,
+            body: None,
+            token_counts: usage.counts,
+        }));
+        Outcome::Completed
+    }
+
+    fn whole_body(
+        &self,
+        req: &RequestMessage,
+        status: u16,
+        headers: HeaderMap,
+        reader: impl Read,
+        handle: &Handle,
+        emit: &mut dyn FnMut(WorkerMessage),
+    ) -> Outcome {
+        let mut bytes = Vec::new();
+        let limit = self.max_body as u64 + 1;
+        if let Err(e) = reader.take(limit).read_to_end(&mut bytes) {
+            return if handle.is_cancelled() {
+                Outcome::Cancelled
+            } else {
+                Outcome::Unreachable(e.to_string())
+            };
+        }
+        if bytes.len() > self.max_body {
+            return Outcome::TooLarge(self.max_body);
+        }
+        let body = String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        let token_counts = usage_from_json(&body);
+        emit(WorkerMessage::ResponseComplete(ResponseComplete {
+            request_id: req.request_id.clone(),
+            status_code: status,
+            headers,
+            body: Some(body),
+            token_counts,
+        }));
+        Outcome::Completed
+    }
+}
+
+fn is_stale_connection(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind::*;
+    match e {
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+        ),
+        ureq::Error::Protocol(_) => true,
+        _ => false,
+    }
+}
+
+fn response_headers(resp: &ureq::http::Response<ureq::Body>) -> HeaderMap {
+    resp.headers()
+        .iter()
+        .filter(|(name, _)| !SKIPPED_HEADERS.contains(&name.as_str()))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
+        })
+        .collect()
+}
+
+/// Parses `{"data":[{"id":...},...]}`.
+pub fn parse_model_list(body: &str) -> Result<Vec<String>, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("/v1/models is not JSON: {e}"))?;
+    let data = v
+        .get("data")
+        .and_then(|d| d.as_array())
+        .ok_or("/v1/models has no `data` list")?;
+    Ok(data
+        .iter()
+        .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
+        .collect())
+}
+
+/// Carries an incomplete UTF-8 sequence at the end of one read over to the next.
+#[derive(Default)]
+pub struct Utf8Carry {
+    pending: Vec<u8>,
+}
+
+impl Utf8Carry {
+    /// Returns all complete text so far; invalid bytes become U+FFFD.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(text) => {
+                    out.push_str(text);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    out.push_str(&String::from_utf8_lossy(&self.pending[..valid]));
+                    match e.error_len() {
+                        // Incomplete sequence at the end: keep it for the next read.
+                        None => {
+                            self.pending.drain(..valid);
+                            return out;
+                        }
+                        Some(bad) => {
+                            out.push('\u{FFFD}');
+                            self.pending.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What is left at the end of the body (a truncated character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
+
+/// Finds the last `usage` object in an SSE stream, line by line.
+#[derive(Default)]
+pub struct UsageScanner {
+    line: String,
+    pub counts: Option<TokenCounts>,
+}
+
+impl UsageScanner {
+    pub fn scan(&mut self, text: &str) {
+        for piece in text.split_inclusive('\n') {
+            self.line.push_str(piece);
+            if !piece.ends_with('\n') {
+                // Keep a bounded partial line; usage lines are short.
+                if self.line.len() > 64 * 1024 {
+                    self.line.clear();
+                }
+                continue;
+            }
+            let line = std::mem::take(&mut self.line);
+            if let Some(data) = line.trim_end().strip_prefix("data:") {
+                if data.contains("\"usage\"") || data.contains("_tokens\"") {
+                    if let Some(c) = usage_from_json(data.trim()) {
+                        self.counts = Some(c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Token counts from an OpenAI (`usage.prompt_tokens`...) or Anthropic
+/// (`usage.input_tokens`/`output_tokens`, also inside `message`) JSON body.
+pub fn usage_from_json(body: &str) -> Option<TokenCounts> {
+    if !body.contains("_tokens") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let usage = v
+        .get("usage")
+        .or_else(|| v.get("message")?.get("usage"))
+        .or_else(|| v.get("response")?.get("usage"))?;
+    let n = |k: &str| usage.get(k).and_then(|x| x.as_u64());
+    let prompt = n("prompt_tokens").or_else(|| n("input_tokens"));
+    let completion = n("completion_tokens").or_else(|| n("output_tokens"));
+    let total = n("total_tokens").or(match (prompt, completion) {
+        (Some(p), Some(c)) => Some(p + c),
+        _ => None,
+    });
+    if prompt.is_none() && completion.is_none() && total.is_none() {
+        warn!("usage object without token counts");
+        return None;
+    }
+    Some(TokenCounts {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: total,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_multibyte_characters_are_carried_to_the_next_piece() {
+        let text = "héllo 🌍!";
+        let bytes = text.as_bytes();
+        let mut carry = Utf8Carry::default();
+        let mut out = String::new();
+        for b in bytes {
+            out.push_str(&carry.push(std::slice::from_ref(b)));
+        }
+        out.push_str(&carry.finish());
+        assert_eq!(out, text);
+        let mut carry = Utf8Carry::default();
+        assert_eq!(carry.push(&[b'a', 0xF0, 0x9F]), "a");
+        assert_eq!(carry.push(&[0x8C, 0x8D, b'b']), "🌍b");
+        assert_eq!(carry.push(&[0xFF, b'c']), "\u{FFFD}c");
+    }
+
+    #[test]
+    fn usage_is_found_in_openai_and_anthropic_shapes() {
+        let openai = r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;
+        assert_eq!(usage_from_json(openai).unwrap().total_tokens, Some(7));
+        let anthropic =
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1}}}"#;
+        let c = usage_from_json(anthropic).unwrap();
+        assert_eq!(
+            (c.prompt_tokens, c.completion_tokens, c.total_tokens),
+            (Some(5), Some(1), Some(6))
+        );
+        assert!(usage_from_json(r#"{"choices":[]}"#).is_none());
+    }
+
+    #[test]
+    fn usage_scanner_handles_lines_split_across_chunks() {
+        let mut s = UsageScanner::default();
+        s.scan("data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_");
+        assert!(s.counts.is_none());
+        s.scan("tokens\":2,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n");
+        assert_eq!(s.counts.unwrap().total_tokens, Some(5));
+    }
+
+    #[test]
+    fn model_lists_parse() {
+        assert_eq!(
+            parse_model_list(r#"{"data":[{"id":"a"},{"id":"b"}]}"#).unwrap(),
+            vec!["a", "b"]
+        );
+        assert!(parse_model_list("[]").is_err());
+    }
+}

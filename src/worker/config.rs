@@ -1,0 +1,238 @@
+//! `modelrelay-worker` settings: the option table and the typed configuration.
+
+use std::time::Duration;
+
+use crate::cli::{ConfigError, Opt, Settings};
+use crate::protocol::BRIDGE_PROTOCOL_VERSION;
+
+pub const USAGE: &str = "modelrelay-worker — runs beside a local inference backend and dials out to a modelrelay server.\n\nUsage: modelrelay-worker [OPTIONS]";
+
+pub const OPTIONS: &[Opt] = &[
+    Opt {
+        flag: "proxy-url",
+        env: "PROXY_URL",
+        default: Some("http://127.0.0.1:8080"),
+        help: "relay server URL (https:// connects over wss://)",
+    },
+    Opt {
+        flag: "worker-secret",
+        env: "WORKER_SECRET",
+        default: None,
+        help: "shared secret, as configured on the server (required)",
+    },
+    Opt {
+        flag: "worker-name",
+        env: "WORKER_NAME",
+        default: None,
+        help: "name shown by the server [default: the hostname]",
+    },
+    Opt {
+        flag: "provider-name",
+        env: "PROVIDER_NAME",
+        default: Some("local"),
+        help: "provider to join on the server",
+    },
+    Opt {
+        flag: "backend-url",
+        env: "BACKEND_URL",
+        default: Some("http://127.0.0.1:8000"),
+        help: "local OpenAI-compatible backend",
+    },
+    Opt {
+        flag: "models",
+        env: "MODELS",
+        default: Some("*"),
+        help: "comma-separated models to advertise; * asks the backend's /v1/models",
+    },
+    Opt {
+        flag: "max-concurrency",
+        env: "MAX_CONCURRENCY",
+        default: Some("1"),
+        help: "parallel requests the backend can take (its slots)",
+    },
+    Opt {
+        flag: "backend-api-key",
+        env: "BACKEND_API_KEY",
+        default: None,
+        help: "bearer token sent to the backend instead of the client's",
+    },
+    Opt {
+        flag: "drain-timeout-secs",
+        env: "DRAIN_TIMEOUT_SECS",
+        default: Some("60"),
+        help: "on SIGTERM, how long in-flight requests may finish",
+    },
+    Opt {
+        flag: "models-refresh-secs",
+        env: "MODELS_REFRESH_SECS",
+        default: Some("30"),
+        help: "how often the backend's model list is re-read when MODELS is *",
+    },
+    Opt {
+        flag: "protocol-version",
+        env: "PROTOCOL_VERSION",
+        default: Some(BRIDGE_PROTOCOL_VERSION),
+        help: "protocol_version sent in register",
+    },
+    Opt {
+        flag: "max-ws-message-bytes",
+        env: "MAX_WS_MESSAGE_BYTES",
+        default: Some("67108864"),
+        help: "largest WebSocket message accepted from the server",
+    },
+    Opt {
+        flag: "log-level",
+        env: "LOG_LEVEL",
+        default: Some("info"),
+        help: "error, warn, info, debug or trace (RUST_LOG also works)",
+    },
+];
+
+/// Which models to advertise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A fixed list from `MODELS`.
+    Fixed(Vec<String>),
+    /// Whatever the backend's `GET /v1/models` says, re-read periodically.
+    Backend,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// `ws://` or `wss://` URL of the connect endpoint, without the query.
+    pub connect_url: String,
+    pub secret: String,
+    pub name: String,
+    pub provider: String,
+    pub backend_url: String,
+    pub models: ModelSource,
+    pub max_concurrency: u32,
+    pub backend_api_key: Option<String>,
+    pub drain_timeout: Duration,
+    pub models_refresh: Duration,
+    pub protocol_version: String,
+    pub max_ws_message_bytes: usize,
+}
+
+impl WorkerConfig {
+    pub fn from_settings(s: &Settings) -> Result<WorkerConfig, ConfigError> {
+        let secret = s.required("worker-secret", "WORKER_SECRET")?;
+        let connect_url = connect_url(&s.string("proxy-url", "http://127.0.0.1:8080"))?;
+        let models = parse_models(s.get("models").unwrap_or("*"));
+        let max_concurrency: u32 = s.number("max-concurrency", 1)?;
+        if max_concurrency == 0 {
+            return Err(ConfigError("MAX_CONCURRENCY must be at least 1".into()));
+        }
+        let backend_url = s
+            .string("backend-url", "http://127.0.0.1:8000")
+            .trim_end_matches('/')
+            .to_string();
+        if !backend_url.starts_with("http://") && !backend_url.starts_with("https://") {
+            return Err(ConfigError(format!(
+                "BACKEND_URL must start with http:// or https:// (got `{backend_url}`)"
+            )));
+        }
+        Ok(WorkerConfig {
+            connect_url,
+            secret,
+            name: s
+                .get("worker-name")
+                .map(str::to_string)
+                .unwrap_or_else(hostname),
+            provider: s.string("provider-name", "local"),
+            backend_url,
+            models,
+            max_concurrency,
+            backend_api_key: s.get("backend-api-key").map(str::to_string),
+            drain_timeout: s.secs("drain-timeout-secs", 60)?,
+            models_refresh: s
+                .secs("models-refresh-secs", 30)?
+                .max(Duration::from_secs(1)),
+            protocol_version: s.string("protocol-version", BRIDGE_PROTOCOL_VERSION),
+            max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
+        })
+    }
+}
+
+/// `http://host:port[/prefix]` → `ws://host:port[/prefix]/v1/worker/connect`.
+pub fn connect_url(proxy_url: &str) -> Result<String, ConfigError> {
+    let trimmed = proxy_url.trim().trim_end_matches('/');
+    let ws = if let Some(rest) = trimmed.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else if let Some(rest) = trimmed.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if trimmed.starts_with("ws://") || trimmed.starts_with("wss://") {
+        trimmed.to_string()
+    } else {
+        return Err(ConfigError(format!(
+            "PROXY_URL must start with http:// or https:// (got `{proxy_url}`)"
+        )));
+    };
+    Ok(format!("{ws}/v1/worker/connect"))
+}
+
+pub fn parse_models(text: &str) -> ModelSource {
+    let list: Vec<String> = text
+        .split(',')
+        .map(|m| m.trim().to_string())
+        .filter(|m| !m.is_empty())
+        .collect();
+    if list.is_empty() || list.iter().any(|m| m == "*") {
+        ModelSource::Backend
+    } else {
+        ModelSource::Fixed(list)
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_urls_map_to_websocket_urls() {
+        assert_eq!(
+            connect_url("http://relay:8080").unwrap(),
+            "ws://relay:8080/v1/worker/connect"
+        );
+        assert_eq!(
+            connect_url("https://relay.example/").unwrap(),
+            "wss://relay.example/v1/worker/connect"
+        );
+        assert_eq!(
+            connect_url("https://h/prefix").unwrap(),
+            "wss://h/prefix/v1/worker/connect"
+        );
+        assert!(connect_url("relay:8080").is_err());
+    }
+
+    #[test]
+    fn models_star_or_empty_means_ask_the_backend() {
+        assert_eq!(parse_models("*"), ModelSource::Backend);
+        assert_eq!(parse_models(" "), ModelSource::Backend);
+        assert_eq!(
+            parse_models("a, b,,"),
+            ModelSource::Fixed(vec!["a".into(), "b".into()])
+        );
+    }
+
+    #[test]
+    fn secret_is_required_and_defaults_apply() {
+        let err = WorkerConfig::from_settings(&Settings::from_pairs(&[])).unwrap_err();
+        assert!(err.0.contains("WORKER_SECRET"));
+        let cfg =
+            WorkerConfig::from_settings(&Settings::from_pairs(&[("worker-secret", "s")])).unwrap();
+        assert_eq!(cfg.connect_url, "ws://127.0.0.1:8080/v1/worker/connect");
+        assert_eq!(cfg.protocol_version, "2026-04-bridge-v1");
+        assert_eq!(cfg.max_concurrency, 1);
+        assert_eq!(cfg.backend_url, "http://127.0.0.1:8000");
+    }
+}
