@@ -9,8 +9,11 @@
 //! * requests/s with 8 and 64 concurrent keep-alive clients,
 //! * server CPU and RSS while idle with 100 workers connected.
 //!
-//! `BENCH_SECS` sets the throughput window (default 3). Fake workers answer from memory
-//! (the worker daemon is benchmarked separately once it exists).
+//! It runs twice: once with fake workers answering from memory (the relay core alone),
+//! once through the real `modelrelay-worker` binary and the fake backend (end to end),
+//! and finally times the worker's cancel path (cancel message -> backend socket closed).
+//! `BENCH_SECS` sets the throughput window (default 3); `BENCH_LOAD=host:port` only
+//! drives 8 clients against that address (for profiling).
 
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
@@ -22,7 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fake_backend::FakeBackend;
+use crossbeam_channel::Receiver;
+use fake_backend::{FakeBackend, Observed};
 use modelrelay::protocol::{to_json, ResponseComplete, ServerMessage, WorkerMessage};
 use modelrelay::ws::{self, ReadHalf, Writer};
 use tungstenite::client::IntoClientRequest;
@@ -39,26 +43,112 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let backend = FakeBackend::new(MODEL, ANSWER);
-    let backend_addr = backend.clone().spawn("127.0.0.1:0").expect("backend");
-    let server = ServerProcess::start();
-    let relay = server.addr;
-    for _ in 0..4 {
-        spawn_fake_worker(relay, MODEL, 64, backend.clone());
+    let window = Duration::from_secs(secs);
+    if let Ok(target) = std::env::var("BENCH_LOAD") {
+        // Load-only mode for profiling: `BENCH_LOAD=127.0.0.1:8080 bench`.
+        let addr: SocketAddr = target.parse().expect("BENCH_LOAD=host:port");
+        println!("requests/s, 8 clients: {:.0}", throughput(addr, 8, window));
+        return;
     }
-    wait_for(|| health(relay).contains("\"workers_connected\":4"));
+    let (backend, observed) = FakeBackend::new(MODEL, ANSWER).observed();
+    // Requests are reported on `observed`; only the cancel measurement reads it.
+    let observed = drain_requests(observed);
+    let backend_addr = backend.clone().spawn("127.0.0.1:0").expect("backend");
 
-    println!("modelrelay benchmark (server binary, fake workers answering from memory, loopback)");
+    println!("== relay core: server binary + 4 fake workers answering from memory (loopback)");
+    let server = ServerProcess::start();
+    for _ in 0..4 {
+        spawn_fake_worker(server.addr, MODEL, 64, backend.clone());
+    }
+    wait_for(|| health(server.addr).contains("\"workers_connected\":4"));
+    compare(backend_addr, server.addr, window);
+    for _ in 0..100 {
+        spawn_fake_worker(server.addr, "idle-model", 1, backend.clone());
+    }
+    wait_for(|| health(server.addr).contains("\"workers_connected\":104"));
+    std::thread::sleep(Duration::from_secs(1));
+    let (cpu, idle) = cpu_over(server.pid(), Duration::from_secs(5));
+    println!(
+        "{:<44} {:>12} {:>11.2}% {:>12}",
+        "server CPU idle, 104 workers connected",
+        "",
+        100.0 * cpu.as_secs_f64() / idle.as_secs_f64(),
+        format!("{}ms/{}s", cpu.as_millis(), idle.as_secs())
+    );
+    println!(
+        "{:<44} {:>12} {:>10} KB",
+        "server RSS, 104 workers connected",
+        "",
+        rss_kb(server.pid())
+    );
+    drop(server);
+
+    println!();
+    println!("== end to end: server binary + modelrelay-worker binary (MAX_CONCURRENCY=64) + fake backend");
+    let server = ServerProcess::start();
+    let worker = WorkerProcess::start(server.addr, backend_addr, "64");
+    wait_for(|| health(server.addr).contains("\"workers_connected\":1"));
+    std::thread::sleep(Duration::from_millis(300));
+    println!(
+        "{:<44} {:>12} {:>10} KB",
+        "worker RSS idle, connected",
+        "",
+        rss_kb(worker.pid())
+    );
+    compare(backend_addr, server.addr, window);
+    std::thread::sleep(Duration::from_secs(1));
+    let h = health(server.addr);
+    let in_flight = h
+        .split("\"in_flight\":")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or("?")
+        .to_string();
+    println!(
+        "{:<44} {:>12} {:>12}",
+        "after load: server in_flight / backend active",
+        "",
+        format!(
+            "{in_flight} / {}",
+            backend.stats.active.load(Ordering::SeqCst)
+        )
+    );
+    println!(
+        "{:<44} {:>12} {:>10} KB",
+        "worker RSS after load",
+        "",
+        rss_kb(worker.pid())
+    );
+    drop(worker);
+    drop(server);
+
+    let cancel = cancel_latency(backend_addr, &observed, 20);
+    println!(
+        "{:<44} {:>12} {:>12.3}",
+        "worker: cancel -> backend socket closed p50 (ms)",
+        "",
+        cancel.p(50).as_secs_f64() * 1000.0
+    );
+    println!(
+        "{:<44} {:>12} {:>12.3}",
+        "worker: cancel -> backend socket closed max (ms)",
+        "",
+        cancel.max().as_secs_f64() * 1000.0
+    );
+}
+
+/// Prints latency, stream and throughput figures for `relay` next to `direct`.
+fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
     println!(
         "{:<44} {:>12} {:>12} {:>12}",
         "figure", "direct", "relay", "added/ratio"
     );
     let body = chat(false);
-    let d = sequential(backend_addr, &body, 2000);
+    let d = sequential(direct, &body, 2000);
     let r = sequential(relay, &body, 2000);
     row_ms("sequential latency p50 (ms)", d.p(50), r.p(50));
     row_ms("sequential latency p99 (ms)", d.p(99), r.p(99));
-    let (d_ttfc, d_gap) = streams(backend_addr, 300);
+    let (d_ttfc, d_gap) = streams(direct, 300);
     let (r_ttfc, r_gap) = streams(relay, 300);
     row_ms(
         "stream time to first chunk p50 (ms)",
@@ -76,8 +166,8 @@ fn main() {
         r_gap.max(),
     );
     for clients in [8, 64] {
-        let d = throughput(backend_addr, clients, Duration::from_secs(secs));
-        let r = throughput(relay, clients, Duration::from_secs(secs));
+        let d = throughput(direct, clients, window);
+        let r = throughput(relay, clients, window);
         println!(
             "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
             format!("requests/s, {clients} clients"),
@@ -86,25 +176,6 @@ fn main() {
             100.0 * r / d
         );
     }
-    for _ in 0..100 {
-        spawn_fake_worker(relay, "idle-model", 1, backend.clone());
-    }
-    wait_for(|| health(relay).contains("\"workers_connected\":104"));
-    std::thread::sleep(Duration::from_secs(1));
-    let (cpu, window) = server.cpu_over(Duration::from_secs(5));
-    println!(
-        "{:<44} {:>12} {:>11.2}% {:>12}",
-        "server CPU idle, 104 workers connected",
-        "",
-        100.0 * cpu.as_secs_f64() / window.as_secs_f64(),
-        format!("{}ms/{}s", cpu.as_millis(), window.as_secs())
-    );
-    println!(
-        "{:<44} {:>12} {:>10} KB",
-        "server RSS, 104 workers connected",
-        "",
-        server.rss_kb()
-    );
 }
 
 fn row_ms(name: &str, direct: Duration, relay: Duration) {
@@ -359,43 +430,8 @@ impl ServerProcess {
         ServerProcess { child, addr }
     }
 
-    fn stat_ticks(&self) -> u64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        // utime and stime are fields 14 and 15; after the ')' split they are 11 and 12.
-        fields
-            .get(11)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-            + fields
-                .get(12)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-    }
-
-    /// CPU time the server used during `window` (clock ticks are 10 ms on Linux).
-    fn cpu_over(&self, window: Duration) -> (Duration, Duration) {
-        let before = self.stat_ticks();
-        let t = Instant::now();
-        std::thread::sleep(window);
-        let ticks = self.stat_ticks() - before;
-        (Duration::from_millis(ticks * 10), t.elapsed())
-    }
-
-    fn rss_kb(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
+    fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -404,6 +440,139 @@ impl Drop for ServerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+struct WorkerProcess {
+    child: Child,
+}
+
+impl WorkerProcess {
+    fn start(server: SocketAddr, backend: SocketAddr, slots: &str) -> WorkerProcess {
+        let child = Command::new(binary("modelrelay-worker"))
+            .env("WORKER_SECRET", SECRET)
+            .env("PROXY_URL", format!("http://{server}"))
+            .env("BACKEND_URL", format!("http://{backend}"))
+            .env("MODELS", MODEL)
+            .env("MAX_CONCURRENCY", slots)
+            .env("LOG_LEVEL", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start modelrelay-worker");
+        WorkerProcess { child }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stat_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    // utime and stime are fields 14 and 15; after the ')' split they are 11 and 12.
+    fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+}
+
+/// CPU time `pid` used during `window` (clock ticks are 10 ms on Linux).
+fn cpu_over(pid: u32, window: Duration) -> (Duration, Duration) {
+    let before = stat_ticks(pid);
+    let t = Instant::now();
+    std::thread::sleep(window);
+    let ticks = stat_ticks(pid) - before;
+    (Duration::from_millis(ticks * 10), t.elapsed())
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Keeps only the "connection closed" observations (requests are counted elsewhere).
+fn drain_requests(observed: Receiver<Observed>) -> Receiver<Duration> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for o in observed {
+            if let Observed::ClientClosed(_) = o {
+                let _ = tx.send(Duration::ZERO);
+            }
+        }
+    });
+    rx
+}
+
+/// The worker's own cancel latency: a minimal in-process server registers the real
+/// worker, dispatches a streaming request the backend holds open, sends `cancel`, and
+/// times how long until the backend sees its connection closed.
+fn cancel_latency(backend: SocketAddr, closed: &Receiver<Duration>, rounds: usize) -> Samples {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let worker = WorkerProcess::start(addr, backend, "1");
+    let (stream, _) = listener.accept().expect("worker connects");
+    stream.set_nodelay(true).ok();
+    let mut ws = tungstenite::accept(stream).expect("upgrade");
+    let _register = ws.read().expect("register");
+    let ack = r#"{"type":"register_ack","worker_id":"w-bench","models":["bench"],"protocol_version":"1"}"#;
+    ws.send(Message::text(ack)).expect("ack");
+    let mut out = Vec::new();
+    for i in 0..rounds {
+        let id = format!("r-{i}");
+        let body = format!(r#"{{\"model\":\"{MODEL}\",\"stream\":true,\"scenario\":\"hang\"}}"#);
+        let req = format!(
+            r#"{{"type":"request","request_id":"{id}","model":"{MODEL}","endpoint_path":"/v1/chat/completions","is_streaming":true,"body":"{body}"}}"#
+        );
+        ws.send(Message::text(req)).expect("request");
+        // Wait for the first chunk: the backend is now holding the stream open.
+        loop {
+            let Ok(Message::Text(t)) = ws.read() else {
+                continue;
+            };
+            if t.contains("response_chunk") {
+                break;
+            }
+        }
+        let cancel =
+            format!(r#"{{"type":"cancel","request_id":"{id}","reason":"client_disconnect"}}"#);
+        let t0 = Instant::now();
+        ws.send(Message::text(cancel)).expect("cancel");
+        closed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("backend saw the close");
+        out.push(t0.elapsed());
+        // Consume the worker's note that the request is over.
+        loop {
+            let Ok(Message::Text(t)) = ws.read() else {
+                continue;
+            };
+            if t.contains("\"error\"") || t.contains("response_complete") {
+                break;
+            }
+        }
+    }
+    drop(worker);
+    Samples(out)
 }
 
 fn binary(name: &str) -> std::path::PathBuf {

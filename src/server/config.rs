@@ -89,6 +89,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "on SIGTERM, how long in-flight requests may finish",
     },
     Opt {
+        flag: "log-level",
+        env: "LOG_LEVEL",
+        default: Some("info"),
+        help: "error, warn, info, debug or trace (RUST_LOG also works)",
+    },
+    Opt {
         flag: "idle-timeout-secs",
         env: "IDLE_TIMEOUT_SECS",
         default: Some("75"),

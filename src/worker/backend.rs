@@ -1,9 +1,9 @@
 //! The worker's client for its local backend (llama-server, Ollama, vLLM, ...).
 //!
-//! Blocking `ureq` requests, one agent per backend slot: the slot pool is what keeps the
-//! backend at `MAX_CONCURRENCY` parallel requests, and a per-slot agent lets a cancel
-//! shut down exactly that request's socket (`Agent::shutdown`) so the backend sees the
-//! connection close and stops generating at once. A cancelled slot gets a fresh agent.
+//! Blocking `ureq` requests. Each backend slot (see `slots.rs`) owns one agent, so a
+//! cancel can shut down exactly that request's socket (`Agent::shutdown`): the backend
+//! sees the connection close and stops generating at once, and the slot continues with
+//! a fresh agent.
 //!
 //! Streaming bodies are forwarded piece by piece as they are read; a multi-byte UTF-8
 //! character split across reads is carried over to the next piece ([`Utf8Carry`]).
@@ -11,7 +11,6 @@
 use std::io::Read;
 use std::time::Duration;
 
-use crossbeam_channel::{select, Receiver, Sender};
 use log::{debug, warn};
 
 use super::inflight::Handle;
@@ -47,11 +46,10 @@ pub struct Backend {
     base: String,
     api_key: Option<String>,
     max_body: usize,
-    slots_tx: Sender<ureq::Agent>,
-    slots_rx: Receiver<ureq::Agent>,
 }
 
-fn fresh_agent() -> ureq::Agent {
+/// A new agent with its own connection pool (one idle keep-alive connection).
+pub fn fresh_agent() -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(10)))
@@ -63,17 +61,11 @@ fn fresh_agent() -> ureq::Agent {
 
 impl Backend {
     /// `max_body` caps a non-streamed answer (it travels in one WebSocket message).
-    pub fn new(base: &str, api_key: Option<String>, slots: u32, max_body: usize) -> Backend {
-        let (slots_tx, slots_rx) = crossbeam_channel::bounded(slots as usize);
-        for _ in 0..slots {
-            let _ = slots_tx.send(fresh_agent());
-        }
+    pub fn new(base: &str, api_key: Option<String>, max_body: usize) -> Backend {
         Backend {
             base: base.trim_end_matches('/').to_string(),
             api_key,
             max_body,
-            slots_tx,
-            slots_rx,
         }
     }
 
@@ -104,37 +96,9 @@ impl Backend {
         parse_model_list(&body)
     }
 
-    /// Runs one request to completion, sending protocol messages through `emit`.
+    /// Runs one request to completion on `agent`, sending protocol messages through
+    /// `emit`. After a stale-connection retry `agent` is replaced by a fresh one.
     pub fn forward(
-        &self,
-        req: &RequestMessage,
-        handle: &Handle,
-        emit: &mut dyn FnMut(WorkerMessage),
-    ) -> Outcome {
-        let Some(mut agent) = self.take_slot(handle) else {
-            return Outcome::Cancelled;
-        };
-        let outcome = self.forward_on(&mut agent, req, handle, emit);
-        handle.detach();
-        // A cancelled agent is shut down for good; the slot gets a new one.
-        let agent = if handle.is_cancelled() {
-            fresh_agent()
-        } else {
-            agent
-        };
-        let _ = self.slots_tx.send(agent);
-        outcome
-    }
-
-    /// Waits for a free backend slot (or the cancel).
-    fn take_slot(&self, handle: &Handle) -> Option<ureq::Agent> {
-        select! {
-            recv(self.slots_rx) -> agent => agent.ok(),
-            recv(handle.cancelled_signal()) -> _ => None,
-        }
-    }
-
-    fn forward_on(
         &self,
         agent: &mut ureq::Agent,
         req: &RequestMessage,

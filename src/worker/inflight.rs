@@ -5,15 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 /// Cancellation handle of one request. Cancelling shuts down the backend agent the
 /// request uses, so a thread blocked reading the backend's answer wakes up at once.
+#[derive(Default)]
 pub struct Handle {
     state: Mutex<HandleState>,
-    wake_tx: Sender<()>,
-    wake_rx: Receiver<()>,
 }
 
 #[derive(Default)]
@@ -23,15 +21,6 @@ struct HandleState {
 }
 
 impl Handle {
-    fn new() -> Handle {
-        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
-        Handle {
-            state: Mutex::new(HandleState::default()),
-            wake_tx,
-            wake_rx,
-        }
-    }
-
     /// Records the agent the request is about to use; false if already cancelled.
     pub fn attach(&self, agent: &ureq::Agent) -> bool {
         let mut state = self.state.lock();
@@ -52,16 +41,10 @@ impl Handle {
         if let Some(agent) = state.agent.take() {
             agent.shutdown();
         }
-        let _ = self.wake_tx.try_send(());
     }
 
     pub fn is_cancelled(&self) -> bool {
         self.state.lock().cancelled
-    }
-
-    /// Fires when the request is cancelled (for waits that are not on a socket).
-    pub fn cancelled_signal(&self) -> &Receiver<()> {
-        &self.wake_rx
     }
 }
 
@@ -78,7 +61,7 @@ impl InFlight {
         if table.contains_key(id) {
             return None;
         }
-        let handle = Arc::new(Handle::new());
+        let handle = Arc::new(Handle::default());
         table.insert(id.to_string(), handle.clone());
         Some(handle)
     }

@@ -4,7 +4,7 @@
 //! ```text
 //!  main thread: supervisor ── waits for Control::Drain (SIGTERM or graceful_shutdown)
 //!  connection thread: connection.rs ── dial, register, reconnect with backoff
-//!        └─ session.rs: reader loop ── request threads ─► backend.rs (ureq, one agent per slot)
+//!        └─ session.rs: reader loop ─► slots.rs (MAX_CONCURRENCY threads) ─► backend.rs (ureq)
 //!                        writer thread ◄── every outgoing message
 //!  models thread: re-reads the backend's /v1/models when MODELS is `*`
 //! ```
@@ -14,6 +14,7 @@ pub mod config;
 pub mod connection;
 pub mod inflight;
 pub mod session;
+pub mod slots;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use log::{info, warn};
 use parking_lot::Mutex;
 
 use crate::protocol::WorkerMessage;
-use crate::ws::{close_code, Outgoing};
+use crate::ws::close_code;
 pub use config::{ModelSource, WorkerConfig};
 
 /// Requests to the supervisor.
@@ -44,6 +45,8 @@ pub struct Shared {
     /// The registered session, when there is one.
     pub session: Mutex<Option<session::Link>>,
     pub control: Sender<Control>,
+    /// The backend slots requests run in.
+    pub slots: slots::Slots,
     draining: AtomicBool,
     /// Closed (by dropping the sender) when a drain starts, to wake sleeping threads.
     drain_signal: Mutex<Option<Sender<()>>>,
@@ -78,21 +81,18 @@ impl Worker {
             ModelSource::Backend => Vec::new(),
         };
         let shared = Arc::new(Shared {
-            backend: backend::Backend::new(
-                &cfg.backend_url,
-                cfg.backend_api_key.clone(),
-                cfg.max_concurrency,
-                max_body,
-            ),
+            backend: backend::Backend::new(&cfg.backend_url, cfg.backend_api_key.clone(), max_body),
             inflight: inflight::InFlight::default(),
             models: Mutex::new(models),
             session: Mutex::new(None),
             control,
+            slots: slots::Slots::default(),
             draining: AtomicBool::new(false),
             drain_signal: Mutex::new(Some(drain_tx)),
             drain_wait,
             cfg,
         });
+        slots::Slots::start(&shared, shared.cfg.max_concurrency);
         if shared.cfg.models == ModelSource::Backend {
             refresh_models(&shared, false);
             let s = shared.clone();
@@ -147,14 +147,7 @@ fn drain(shared: &Shared, timeout: Duration, why: &str) {
             .wait_idle(Instant::now() + Duration::from_secs(2));
     }
     if let Some(link) = link {
-        let _ = link
-            .out
-            .send(Outgoing::Close(close_code::NORMAL, "worker drained".into()));
-        // The writer exits once it has sent the close frame and dropped its receiver.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !link.out.is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        link.out.close(close_code::NORMAL, "worker drained");
     }
     info!("drained; exiting");
 }
@@ -184,12 +177,10 @@ pub fn refresh_models(shared: &Shared, asked: bool) {
     if (changed || asked) && !shared.is_draining() {
         if let Some(link) = shared.session.lock().clone() {
             let current_load = shared.inflight.len() as u32;
-            let _ = link
-                .out
-                .send(Outgoing::Message(WorkerMessage::ModelsUpdate {
-                    models,
-                    current_load,
-                }));
+            link.out.send(&WorkerMessage::ModelsUpdate {
+                models,
+                current_load,
+            });
         }
     }
 }

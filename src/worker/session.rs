@@ -1,24 +1,76 @@
-//! One registered connection to the server: this thread reads, a writer thread writes,
-//! and every request runs on a thread of its own. Request threads and the reader all
-//! send through the writer's channel, so frames never interleave and no lock is held
-//! while a read blocks.
+//! One registered connection to the server. This thread reads; the backend slots and
+//! the reader write whole frames through [`SessionWriter`], whose lock covers only the
+//! write half, so frames never interleave, no lock is held while a read blocks, and a
+//! chunk leaves the moment its slot read it from the backend (no writer thread to wake).
 
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
-use log::{debug, error, info, warn};
+use log::{debug, info, warn};
+use std::sync::Mutex;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
-use super::backend::Outcome;
 use super::{Control, Shared};
-use crate::protocol::{self, RegisterMessage, RequestMessage, ServerMessage, WorkerMessage};
-use crate::ws::{self, close_code, Outgoing, ReadHalf};
+use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::ws::{self, close_code, ReadHalf, Writer};
 
-/// Messages for this session's writer thread.
-pub type Out = Sender<Outgoing<WorkerMessage>>;
+/// The write half of the session's socket, shared by every thread that sends.
+pub type Out = Arc<SessionWriter>;
+
+pub struct SessionWriter {
+    /// `None` once the socket failed or was closed.
+    writer: Mutex<Option<Writer<TcpStream>>>,
+}
+
+impl SessionWriter {
+    fn new(stream: TcpStream, max: usize) -> SessionWriter {
+        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+        SessionWriter {
+            writer: Mutex::new(Some(Writer::new(stream, Role::Client, max))),
+        }
+    }
+
+    /// Sends one message; false if the session is gone.
+    pub fn send(&self, msg: &WorkerMessage) -> bool {
+        let text = protocol::to_json(msg);
+        self.with(|w| w.text(text).and_then(|_| w.flush()))
+    }
+
+    /// Writes control-frame bytes captured by the reader.
+    pub fn raw(&self, bytes: &[u8]) -> bool {
+        self.with(|w| w.raw(bytes).and_then(|_| w.flush()))
+    }
+
+    /// Sends a close frame and shuts the socket down (which also ends the reader).
+    pub fn close(&self, code: u16, reason: &str) {
+        if let Some(mut w) = self.lock().take() {
+            let _ = w.close(code, reason);
+            let _ = w.stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// A plain futex mutex: it does not spin-yield, which matters with many writers
+    /// on a small box. A poisoned lock is still a usable writer.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Writer<TcpStream>>> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with(&self, op: impl FnOnce(&mut Writer<TcpStream>) -> tungstenite::Result<()>) -> bool {
+        let mut guard = self.lock();
+        let Some(w) = guard.as_mut() else {
+            return false;
+        };
+        if op(w).is_ok() {
+            return true;
+        }
+        // A failed write leaves the socket unusable: shut it so the reader ends too.
+        let _ = w.stream.shutdown(Shutdown::Both);
+        *guard = None;
+        false
+    }
+}
 
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -46,19 +98,11 @@ pub fn run(stream: TcpStream, shared: &Arc<Shared>) -> End {
     let (Ok(read_stream), Ok(write_stream)) = (stream.try_clone(), stream.try_clone()) else {
         return End::NotRegistered("cannot clone socket".into());
     };
-    let (out, queue) = crossbeam_channel::unbounded();
-    let writer = std::thread::Builder::new()
-        .name("ws-writer".into())
-        .spawn(move || ws::write_loop(write_stream, queue, Role::Client, max, WRITE_TIMEOUT));
-    if writer.is_err() {
-        return End::NotRegistered("cannot start writer thread".into());
-    }
+    let out: Out = Arc::new(SessionWriter::new(write_stream, max));
     let mut reader = ReadHalf::new(read_stream);
     let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(max)));
 
-    let _ = out.send(Outgoing::Message(WorkerMessage::Register(
-        register_message(shared),
-    )));
+    let _ = out.send(&WorkerMessage::Register(register_message(shared)));
     let _ = stream.set_read_timeout(Some(ACK_TIMEOUT));
     let ack = match next_message(&mut ctx, &mut reader, &out) {
         Ok(ServerMessage::RegisterAck(ack)) => ack,
@@ -88,10 +132,7 @@ pub fn run(stream: TcpStream, shared: &Arc<Shared>) -> End {
     *shared.session.lock() = None;
     // Answers can no longer be delivered: stop the backend; the server requeues.
     shared.inflight.cancel_all();
-    let _ = out.send(Outgoing::Close(
-        close_code::GOING_AWAY,
-        "worker reconnecting".into(),
-    ));
+    out.close(close_code::GOING_AWAY, "worker reconnecting");
     End::Lost(reason)
 }
 
@@ -118,7 +159,7 @@ fn next_message(
     loop {
         let result = ctx.read(reader);
         if let Some(bytes) = reader.take_pending() {
-            let _ = out.send(Outgoing::Raw(bytes));
+            out.raw(&bytes);
         }
         match result {
             Ok(Message::Text(text)) => match ServerMessage::parse(&text) {
@@ -151,7 +192,9 @@ fn serve(
             Err(reason) => return reason,
         };
         match msg {
-            ServerMessage::Request(req) => spawn_request(shared, req, out.clone()),
+            ServerMessage::Request(req) => {
+                shared.slots.submit(shared, req, out.clone());
+            }
             ServerMessage::Cancel { request_id, reason } => {
                 if shared.inflight.cancel(&request_id) {
                     info!(
@@ -164,10 +207,10 @@ fn serve(
             }
             ServerMessage::Ping { timestamp_unix_ms } => {
                 let current_load = shared.inflight.len() as u32;
-                let _ = out.send(Outgoing::Message(WorkerMessage::Pong {
+                out.send(&WorkerMessage::Pong {
                     current_load,
                     timestamp_unix_ms,
-                }));
+                });
             }
             ServerMessage::GracefulShutdown {
                 reason,
@@ -196,74 +239,6 @@ fn serve(
     }
 }
 
-fn spawn_request(shared: &Arc<Shared>, req: Arc<RequestMessage>, out: Out) {
-    let shared = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name("request".into())
-        .stack_size(256 * 1024)
-        .spawn(move || serve_request(&shared, &req, &out));
-    if let Err(e) = spawned {
-        error!("cannot start a request thread: {e}");
-    }
-}
-
-fn serve_request(shared: &Shared, req: &RequestMessage, out: &Out) {
-    let id = req.request_id.as_str();
-    let Some(handle) = shared.inflight.insert(id) else {
-        warn!("request {id} is already running; duplicate ignored");
-        return;
-    };
-    info!(
-        "forwarding request {id}: {} {} (stream: {})",
-        req.model, req.endpoint_path, req.is_streaming
-    );
-    let mut emit = |msg: WorkerMessage| {
-        let _ = out.send(Outgoing::Message(msg));
-    };
-    let outcome = shared.backend.forward(req, &handle, &mut emit);
-    let failure = match outcome {
-        Outcome::Completed => None,
-        Outcome::Cancelled => {
-            info!("request {id} cancelled; backend connection closed");
-            Some(("cancelled", "request cancelled".to_string(), None))
-        }
-        Outcome::Unreachable(e) => {
-            warn!("backend error for request {id}: {e}");
-            let url = shared.backend.url(&req.endpoint_path);
-            Some((
-                "backend_unreachable",
-                format!("backend request to {url} failed: {e}"),
-                Some(502),
-            ))
-        }
-        Outcome::StreamBroken(e) => {
-            warn!("backend stream for request {id} broke: {e}");
-            Some((
-                "backend_stream_failed",
-                format!("backend stream failed: {e}"),
-                Some(502),
-            ))
-        }
-        Outcome::TooLarge(limit) => {
-            warn!("backend answer for request {id} exceeds {limit} bytes");
-            Some((
-                "response_too_large",
-                format!("backend answer exceeds {limit} bytes"),
-                Some(502),
-            ))
-        }
-    };
-    if let Some((code, message, status_code)) = failure {
-        emit(WorkerMessage::Error {
-            request_id: Some(id.to_string()),
-            code: code.into(),
-            message,
-            status_code,
-        });
-    }
-    shared.inflight.remove(id);
-}
-
 /// Tells the server to send nothing new: `worker_draining` where understood, otherwise an
 /// empty model list (which any ModelRelay server honours).
 pub fn announce_drain(shared: &Shared, link: &Link) {
@@ -275,5 +250,5 @@ pub fn announce_drain(shared: &Shared, link: &Link) {
             current_load: shared.inflight.len() as u32,
         }
     };
-    let _ = link.out.send(Outgoing::Message(msg));
+    link.out.send(&msg);
 }

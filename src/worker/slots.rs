@@ -1,0 +1,195 @@
+//! Backend slots: `MAX_CONCURRENCY` long-lived threads, each owning one backend agent.
+//! The number of threads is what bounds the backend's parallel requests; no thread is
+//! spawned per request.
+//!
+//! Each idle slot parks on its own mailbox and [`Slots::submit`] hands a request to
+//! exactly one of them (the most recently idle, whose stack is still warm) and unparks
+//! it. With every slot busy the request waits in `pending`, which a slot drains before
+//! parking again. (A single queue shared by all slots made every idle thread spin and
+//! yield for each request; on a 2-core box that cost more than the backend call.)
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use std::thread::Thread;
+
+use log::{error, info, warn};
+use parking_lot::Mutex;
+
+use super::backend::{fresh_agent, Outcome};
+use super::inflight::Handle;
+use super::session::Out;
+use super::Shared;
+use crate::protocol::{RequestMessage, WorkerMessage};
+
+/// One request waiting for (or running in) a slot.
+pub struct Job {
+    pub req: Arc<RequestMessage>,
+    pub handle: Arc<Handle>,
+    /// The writer of the session the request came in on.
+    pub out: Out,
+}
+
+#[derive(Default)]
+pub struct Slots {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    idle: Vec<Arc<Mailbox>>,
+    pending: VecDeque<Job>,
+}
+
+/// Where a parked slot receives its next request.
+struct Mailbox {
+    job: Mutex<Option<Job>>,
+    thread: Thread,
+}
+
+impl Slots {
+    /// Starts `n` slot threads; they run for the life of the process.
+    pub fn start(shared: &Arc<Shared>, n: u32) {
+        for i in 0..n {
+            let shared = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("slot-{i}"))
+                .stack_size(256 * 1024)
+                .spawn(move || run_slot(&shared));
+            if let Err(e) = spawned {
+                error!("cannot start backend slot thread {i}: {e}");
+            }
+        }
+    }
+
+    /// Hands a request to an idle slot, or queues it. False for a duplicate id.
+    pub fn submit(&self, shared: &Shared, req: Arc<RequestMessage>, out: Out) -> bool {
+        let Some(handle) = shared.inflight.insert(&req.request_id) else {
+            warn!(
+                "request {} is already running; duplicate ignored",
+                req.request_id
+            );
+            return false;
+        };
+        let job = Job { req, handle, out };
+        let idle = {
+            let mut state = self.state.lock();
+            match state.idle.pop() {
+                Some(slot) => Some(slot),
+                None => {
+                    state.pending.push_back(job);
+                    return true;
+                }
+            }
+        };
+        if let Some(slot) = idle {
+            *slot.job.lock() = Some(job);
+            slot.thread.unpark();
+        }
+        true
+    }
+
+    /// The next queued request, or registers the slot as idle (it then parks).
+    fn next_or_idle(&self, me: &Arc<Mailbox>) -> Option<Job> {
+        let mut state = self.state.lock();
+        let job = state.pending.pop_front();
+        if job.is_none() {
+            state.idle.push(me.clone());
+        }
+        job
+    }
+}
+
+fn run_slot(shared: &Shared) {
+    let me = Arc::new(Mailbox {
+        job: Mutex::new(None),
+        thread: std::thread::current(),
+    });
+    let mut agent = fresh_agent();
+    let mut next = shared.slots.next_or_idle(&me);
+    loop {
+        match next.take().or_else(|| me.job.lock().take()) {
+            Some(job) => {
+                run_job(shared, &mut agent, job);
+                next = shared.slots.next_or_idle(&me);
+            }
+            // An unpark that came before this park makes it return at once.
+            None => std::thread::park(),
+        }
+    }
+}
+
+fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
+    {
+        let id = job.req.request_id.as_str();
+        let mut emit = |msg: WorkerMessage| {
+            job.out.send(&msg);
+        };
+        let outcome = if job.handle.attach(agent) {
+            info!(
+                "forwarding request {id}: {} {} (stream: {})",
+                job.req.model, job.req.endpoint_path, job.req.is_streaming
+            );
+            shared
+                .backend
+                .forward(agent, &job.req, &job.handle, &mut emit)
+        } else {
+            Outcome::Cancelled
+        };
+        job.handle.detach();
+        if job.handle.is_cancelled() {
+            // A cancelled agent is shut down for good.
+            *agent = fresh_agent();
+        }
+        if let Some((code, message, status_code)) = failure(shared, &job.req, outcome) {
+            emit(WorkerMessage::Error {
+                request_id: Some(id.to_string()),
+                code: code.into(),
+                message,
+                status_code,
+            });
+        }
+        shared.inflight.remove(id);
+    }
+}
+
+/// The `error` to report for an outcome, if any.
+fn failure(
+    shared: &Shared,
+    req: &RequestMessage,
+    outcome: Outcome,
+) -> Option<(&'static str, String, Option<u16>)> {
+    let id = req.request_id.as_str();
+    match outcome {
+        Outcome::Completed => None,
+        Outcome::Cancelled => {
+            info!("request {id} cancelled; backend connection closed");
+            Some(("cancelled", "request cancelled".to_string(), None))
+        }
+        Outcome::Unreachable(e) => {
+            warn!("backend error for request {id}: {e}");
+            let url = shared.backend.url(&req.endpoint_path);
+            Some((
+                "backend_unreachable",
+                format!("backend request to {url} failed: {e}"),
+                Some(502),
+            ))
+        }
+        Outcome::StreamBroken(e) => {
+            warn!("backend stream for request {id} broke: {e}");
+            Some((
+                "backend_stream_failed",
+                format!("backend stream failed: {e}"),
+                Some(502),
+            ))
+        }
+        Outcome::TooLarge(limit) => {
+            warn!("backend answer for request {id} exceeds {limit} bytes");
+            Some((
+                "response_too_large",
+                format!("backend answer exceeds {limit} bytes"),
+                Some(502),
+            ))
+        }
+    }
+}
