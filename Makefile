@@ -2,8 +2,15 @@
 PREFIX ?= /usr/local
 DESTDIR ?=
 CARGO ?= cargo
+BINDIR = $(DESTDIR)$(PREFIX)/bin
+MANDIR = $(DESTDIR)$(PREFIX)/share/man/man8
+UNITDIR = $(DESTDIR)$(PREFIX)/lib/systemd/system
+EXAMPLEDIR = $(DESTDIR)$(PREFIX)/share/doc/modelrelay/examples
+MUSL = x86_64-unknown-linux-musl
+STATIC_FLAGS = -C target-feature=+crt-static
+BINS = modelrelay-server modelrelay-worker
 
-.PHONY: build release run test bench clean lint
+.PHONY: build release static run test test-rust bench install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -11,20 +18,51 @@ build:
 release:
 	$(CARGO) build --release
 
+# Stripped, fully static x86_64 binaries for routers and NAS boxes.
+static:
+	@rustup target list --installed 2>/dev/null | grep -qx $(MUSL) || rustup target add $(MUSL) || \
+	  { echo "cannot install the $(MUSL) target (rustup target add $(MUSL))" >&2; exit 1; }
+	@command -v musl-gcc >/dev/null || (apt-get install -y musl-tools >/dev/null 2>&1) || \
+	  echo "note: musl-gcc not found (apt-get install musl-tools); trying without it" >&2
+	RUSTFLAGS="$(STATIC_FLAGS)" $(CARGO) build --release --target $(MUSL) --bins
+	@for b in $(BINS); do \
+	  f=target/$(MUSL)/release/$$b; \
+	  printf '%-22s %8d bytes  %s\n' $$b $$(stat -c %s $$f) "$$(file -b $$f 2>/dev/null | cut -d, -f1-2)"; \
+	done
+
 # Starts a relay, a worker and a demo backend on 127.0.0.1 (see README).
-run: release
+run:
+	$(CARGO) build --release --bins --example demo_backend
 	./contrib/run-demo.sh
 
-# Every test: unit, integration (real sockets), formatting and lints.
+# Every test: formatting, lints, unit, integration (real sockets), end to end, docs, and
+# the real llama-server + SDK suite; ends with a per-suite summary.
 test:
-	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) test --all-targets
+	./contrib/ci/test-all.sh
+
+# The Rust suites only (no llama.cpp build): the quick loop while developing.
+test-rust:
+	MODELRELAY_SKIP_REAL_BACKEND=1 ./contrib/ci/test-all.sh
 
 # Rerunnable figures (latency, throughput, idle CPU/RSS); BENCH_SECS=5 for longer windows.
 bench:
 	$(CARGO) build --release --bins --example bench
 	./target/release/examples/bench
+
+install: release
+	install -d $(BINDIR) $(MANDIR) $(UNITDIR) $(EXAMPLEDIR)
+	install -m 755 target/release/modelrelay-server target/release/modelrelay-worker $(BINDIR)/
+	install -m 644 man/modelrelay-server.8 man/modelrelay-worker.8 $(MANDIR)/
+	sed 's|/usr/local/bin|$(PREFIX)/bin|' contrib/systemd/modelrelay-server.service > $(UNITDIR)/modelrelay-server.service
+	sed 's|/usr/local/bin|$(PREFIX)/bin|' contrib/systemd/modelrelay-worker@.service > $(UNITDIR)/modelrelay-worker@.service
+	chmod 644 $(UNITDIR)/modelrelay-server.service $(UNITDIR)/modelrelay-worker@.service
+	install -m 644 contrib/systemd/server.env.example contrib/systemd/worker.env.example $(EXAMPLEDIR)/
+
+uninstall:
+	rm -f $(BINDIR)/modelrelay-server $(BINDIR)/modelrelay-worker
+	rm -f $(MANDIR)/modelrelay-server.8 $(MANDIR)/modelrelay-worker.8
+	rm -f $(UNITDIR)/modelrelay-server.service $(UNITDIR)/modelrelay-worker@.service
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/modelrelay
 
 lint:
 	$(CARGO) fmt --all -- --check

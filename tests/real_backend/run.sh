@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Real-backend suite: llama.cpp's llama-server (Gemma 3 270M, 4 slots) behind the real
+# modelrelay-server and modelrelay-worker, exercised with the openai and anthropic Python
+# SDKs and curl. Prepares its tools with contrib/ci/setup-real-backend.sh (cached).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CACHE=$(contrib/ci/setup-real-backend.sh | tail -n 1)
+cargo build --quiet --release --bins
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+LLAMA_PORT=$(free_port); RELAY_PORT=$(free_port)
+LOGS=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+"$CACHE/llama-server" -m "$CACHE/gemma3.gguf" --alias gemma3 --host 127.0.0.1 --port "$LLAMA_PORT" \
+  -np 4 -c 4096 -t 2 --no-jinja --chat-template gemma >"$LOGS/llama.log" 2>&1 & pids+=($!)
+WORKER_SECRET=real LISTEN_ADDR="127.0.0.1:$RELAY_PORT" ./target/release/modelrelay-server >"$LOGS/server.log" 2>&1 & pids+=($!)
+
+for _ in $(seq 1 600); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$LLAMA_PORT/health")" = 200 ] && break
+  sleep 0.1
+done
+WORKER_SECRET=real PROXY_URL="http://127.0.0.1:$RELAY_PORT" BACKEND_URL="http://127.0.0.1:$LLAMA_PORT" \
+  MAX_CONCURRENCY=4 ./target/release/modelrelay-worker >"$LOGS/worker.log" 2>&1 & pids+=($!)
+
+if ! RELAY="http://127.0.0.1:$RELAY_PORT" LLAMA="http://127.0.0.1:$LLAMA_PORT" MODEL=gemma3 \
+    "$CACHE/venv/bin/python" tests/real_backend/test_sdks.py; then
+  for f in llama server worker; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
+  exit 1
+fi
