@@ -17,7 +17,7 @@ trap cleanup EXIT
 
 "$CACHE/llama-server" -m "$CACHE/gemma3.gguf" --alias gemma3 --host 127.0.0.1 --port "$LLAMA_PORT" \
   -np 4 -c 4096 -t 2 --no-jinja --chat-template gemma >"$LOGS/llama.log" 2>&1 & pids+=($!)
-WORKER_SECRET=real LISTEN_ADDR="127.0.0.1:$RELAY_PORT" ./target/release/modelrelay-server >"$LOGS/server.log" 2>&1 & pids+=($!)
+WORKER_SECRET=real QUEUE_TIMEOUT_SECS=8 LISTEN_ADDR="127.0.0.1:$RELAY_PORT" ./target/release/modelrelay-server >"$LOGS/server.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 600); do
   [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$LLAMA_PORT/health")" = 200 ] && break

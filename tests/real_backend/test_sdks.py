@@ -68,23 +68,14 @@ def test_responses():
 
 
 def test_messages_plain():
-    m = an.messages.create(model=MODEL, max_tokens=12, messages=PROMPT, temperature=0)
+    m = an.messages.create(model=MODEL, max_tokens=12, messages=PROMPT, extra_body={"temperature": 0})
     assert m.content and m.content[0].text.strip(), m
 
 
 def test_messages_streaming():
-    with an.messages.stream(model=MODEL, max_tokens=12, messages=PROMPT, temperature=0) as s:
+    with an.messages.stream(model=MODEL, max_tokens=12, messages=PROMPT, extra_body={"temperature": 0}) as s:
         text = "".join(s.text_stream)
     assert text.strip(), text
-
-
-def test_bad_request_error_passes_through_in_sdk_shape():
-    try:
-        oa.chat.completions.create(model="no-such-model-at-all", messages=PROMPT, max_tokens=4)
-    except openai.APIStatusError as e:
-        assert e.status_code in (404, 504), e.status_code
-    else:
-        raise AssertionError("expected an error")
 
 
 def test_curl_plain_and_streaming():
@@ -162,6 +153,19 @@ def test_four_streams_fill_four_slots_and_a_fifth_queues_then_completes():
     assert fifth.get("done") and fifth["done"][1], "fifth completed"
     assert queued, "the fifth request waited in the relay queue"
     assert fifth["done"][0] >= min(t for t, _ in results.values()), "it ran after a slot freed"
+
+
+def test_zz_unknown_model_is_a_404_in_the_sdk_error_shape():
+    # Once the relay is older than its queue timeout (8 s here), a model nobody
+    # advertised fails at once instead of waiting in the queue.
+    wait_for("the relay to outlive its queue timeout", lambda: get_json(RELAY + "/health")["uptime_secs"] > 8.5, limit=30, step=0.1)
+    try:
+        oa.chat.completions.create(model="no-such-model-at-all", messages=PROMPT, max_tokens=4)
+    except openai.NotFoundError as e:
+        assert e.body and e.body.get("code") == "model_not_found", e.body
+        assert MODEL in e.body.get("message", ""), e.body
+    else:
+        raise AssertionError("expected 404 model_not_found")
 
 
 def main():
