@@ -362,3 +362,22 @@ fn wrong_secret_is_logged_clearly_and_missing_secret_exits_2() {
         no_secret.log()
     );
 }
+
+#[test]
+fn server_sigterm_drains_workers_which_finish_and_exit_zero() {
+    let (mut server, mut worker, _, seen) = relay(&[]);
+    let client = {
+        let addr = server.addr;
+        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "delay:500")))
+    };
+    assert!(matches!(seen.recv_timeout(WAIT), Ok(Observed::Request(..))));
+    server.proc.signal("TERM");
+    worker.wait_line("graceful shutdown (server asked");
+    assert_eq!(
+        client.join().unwrap().status,
+        200,
+        "in-flight request finished"
+    );
+    assert_eq!(worker.wait_exit().code(), Some(0));
+    assert_eq!(server.proc.wait_exit().code(), Some(0));
+}

@@ -40,6 +40,6 @@ echo "== suites"
 printf '  %s\n' "${summary[@]}"
 total_passed=$(printf '%s\n' "${summary[@]}" | awk '{for (i=1;i<NF;i++) if ($(i+1) ~ /^passed/) p+=$i; for (i=1;i<NF;i++) if ($(i+1) ~ /^failed/) f+=$i} END {print p+0, f+0}')
 set -- $total_passed
-echo "all suites: $1 passed, $2 failed"
+echo "total: $1 passed, $2 failed"
 rm -f "$log"
 exit $status
