@@ -29,6 +29,7 @@ fn main() -> ExitCode {
     };
     let server = match server::start(cfg) {
         Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return bad_config(&e.to_string()),
         Err(e) => {
             eprintln!("modelrelay-server: cannot listen: {e}");
             return ExitCode::from(1);

@@ -8,9 +8,45 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
+use super::api::ApiError;
+use super::http::request::Request;
+use super::relay::Caller;
+use super::Ctx;
+
 /// Compares secrets without leaking where they differ through timing.
 pub fn secrets_match(given: &str, expected: &str) -> bool {
     given.as_bytes().ct_eq(expected.as_bytes()).into()
+}
+
+/// Checks the client API key when `MODELRELAY_REQUIRE_API_KEYS` is on. The key comes
+/// from `Authorization: Bearer` (or `x-api-key` on `/v1/messages`); the header that
+/// carried it is consumed by the relay and not forwarded to the backend.
+pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, ApiError> {
+    if !ctx.cfg.require_api_keys {
+        return Ok(Caller::default());
+    }
+    let now = Instant::now();
+    if ctx.limiter.is_blocked(ip, now) {
+        return Err(ApiError::new(429, "auth_rate_limited", "too many failed authentications; retry later"));
+    }
+    let bearer = req.header("authorization").and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    let (secret, header) = match bearer {
+        Some(b) => (Some(b), "authorization"),
+        None if req.path.starts_with("/v1/messages") => (req.header("x-api-key"), "x-api-key"),
+        None => (None, "authorization"),
+    };
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+        ctx.http_metrics.auth_failure("api_key");
+        return Err(ApiError::new(401, "missing_api_key", "an API key is required: Authorization: Bearer <key>"));
+    };
+    match ctx.keys.as_ref().and_then(|k| k.verify(secret)) {
+        Some(id) => Ok(Caller { key_id: Some(id), consumed_header: Some(header) }),
+        None => {
+            ctx.limiter.record_failure(ip, now);
+            ctx.http_metrics.auth_failure("api_key");
+            Err(ApiError::new(401, "invalid_api_key", "the API key is unknown or revoked"))
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

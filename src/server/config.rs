@@ -89,6 +89,24 @@ pub const OPTIONS: &[Opt] = &[
         help: "on SIGTERM, how long in-flight requests may finish",
     },
     Opt {
+        flag: "admin-token",
+        env: "MODELRELAY_ADMIN_TOKEN",
+        default: None,
+        help: "bearer token for /admin/* (unset: admin answers 403)",
+    },
+    Opt {
+        flag: "require-api-keys",
+        env: "MODELRELAY_REQUIRE_API_KEYS",
+        default: Some("false"),
+        help: "require a client API key on inference routes and /v1/models",
+    },
+    Opt {
+        flag: "state-dir",
+        env: "STATE_DIR",
+        default: Some("/var/lib/modelrelay"),
+        help: "directory for the API key file (keys.json)",
+    },
+    Opt {
         flag: "log-level",
         env: "LOG_LEVEL",
         default: Some("info"),
@@ -113,6 +131,9 @@ pub struct ServerConfig {
     pub max_ws_message_bytes: usize,
     pub max_connections: usize,
     pub drain_timeout: Duration,
+    pub admin_token: Option<String>,
+    pub require_api_keys: bool,
+    pub state_dir: std::path::PathBuf,
 }
 
 impl ServerConfig {
@@ -148,6 +169,9 @@ impl ServerConfig {
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
             max_connections: s.number("max-connections", 4096)?,
             drain_timeout: s.secs("drain-timeout-secs", 30)?,
+            admin_token: s.get("admin-token").map(str::to_string),
+            require_api_keys: s.flag_bool("require-api-keys")?,
+            state_dir: s.string("state-dir", "/var/lib/modelrelay").into(),
         })
     }
 }

@@ -18,6 +18,9 @@ pub mod auth;
 pub mod config;
 pub mod dispatcher;
 pub mod http;
+pub mod keys;
+pub mod metrics;
+pub mod ops;
 pub mod relay;
 pub mod shared;
 pub mod worker_socket;
@@ -46,6 +49,9 @@ pub struct Ctx {
     pub inputs: Sender<Input>,
     pub shared: Arc<Shared>,
     pub limiter: auth::FailureLimiter,
+    pub http_metrics: metrics::HttpMetrics,
+    /// Client API keys (loaded when admin or key auth is configured).
+    pub keys: Option<keys::KeyStore>,
     pub started_unix: u64,
     next_request: AtomicU64,
     next_worker: AtomicU64,
@@ -88,6 +94,13 @@ impl ShutdownHandle {
 
 /// Binds the listener and starts the dispatcher and acceptor threads.
 pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
+    let keys = if cfg.require_api_keys || cfg.admin_token.is_some() {
+        let store = keys::KeyStore::open(&cfg.state_dir)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        Some(store)
+    } else {
+        None
+    };
     let listener = TcpListener::bind(&cfg.listen_addr)?;
     let addr = listener.local_addr()?;
     let (inputs, inbox) = crossbeam_channel::unbounded();
@@ -101,6 +114,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     };
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
+        http_metrics: metrics::HttpMetrics::default(),
+        keys,
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -179,7 +194,7 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
             );
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let e = api::ApiError::new(503, "too_many_connections", "connection limit reached");
-            let _ = stream.write_all(&relay::error_response(api::Style::OpenAi, &e, false, None));
+            let _ = stream.write_all(&relay::error_response(api::Style::OpenAi, &e, false, &[]));
             continue;
         }
         let conn_ctx = ctx.clone();

@@ -6,31 +6,43 @@
 //! so a client that leaves while queued or while a non-streaming answer is generated
 //! is cancelled within that time. Events themselves wake it at once.
 //!
-//! Nothing is written until the first event, so a worker that answers a streaming
-//! request with an error status gets that status through, not a `200` stream.
+//! Nothing is written until the first chunk or the final event, so a worker that
+//! answers a streaming request with an error status gets that status through, not a
+//! `200` stream. Every request ends with one access-log line and one metrics record.
 
 use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use log::debug;
+use log::{debug, info};
 
 use super::api::{inspect_body, ApiError, Style, FORWARDED_HEADERS};
 use super::dispatcher::runtime::Input;
-use super::dispatcher::{wire_request_id, ClientEvent, Event, RequestId};
+use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
 use super::http::request::{Conn, Request};
 use super::http::response::{self, Framing};
+use super::metrics::Finished;
 use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
 
 /// How often a waiting connection checks whether its client is still there.
 pub const HANGUP_CHECK: Duration = Duration::from_millis(200);
 
+/// Who is calling: the API key id when keys are required (its header is then consumed
+/// by the relay and not forwarded to the backend).
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    pub key_id: Option<String>,
+    /// Header carrying the relay key, removed from the forwarded headers.
+    pub consumed_header: Option<&'static str>,
+}
+
 /// Relays one inference request; returns whether the connection may be reused.
-pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request) -> bool {
+pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
     let style = Style::for_path(&req.path);
+    let started = Instant::now();
     let info = match inspect_body(&req.body) {
         Ok(info) => info,
         Err(e) => return write_error(conn, style, &e, req.keep_alive, None),
@@ -46,14 +58,14 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request) -> bool {
     let headers: HeaderMap = req
         .headers
         .iter()
-        .filter(|(name, _)| FORWARDED_HEADERS.contains(&name.as_str()))
+        .filter(|(name, _)| FORWARDED_HEADERS.contains(&name.as_str()) && Some(name.as_str()) != caller.consumed_header)
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();
     let id = ctx.next_request_id();
     let wire = wire_request_id(id);
     let msg = Arc::new(RequestMessage {
         request_id: wire.clone(),
-        model: info.model,
+        model: info.model.clone(),
         endpoint_path: req.path.clone(),
         is_streaming: info.stream,
         body: Arc::from(body),
@@ -61,10 +73,6 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request) -> bool {
     });
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
-    if ctx.inputs.send(Input::Submit { id, msg, reply }).is_err() {
-        let e = ApiError::new(503, "server_shutting_down", "the relay is shutting down");
-        return write_error(conn, style, &e, false, Some(&wire));
-    }
     let mut session = Session {
         conn,
         ctx,
@@ -74,7 +82,19 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request) -> bool {
         keep_alive: req.keep_alive,
         http10: req.http10,
         framing: None,
+        route: req.path,
+        model: info.model,
+        caller,
+        started,
+        queue_wait: None,
+        worker: None,
+        first_chunk: None,
+        status: 0,
+        tokens: (0, 0),
     };
+    if ctx.inputs.send(Input::Submit { id, msg, reply }).is_err() {
+        return session.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new());
+    }
     session.wait(events)
 }
 
@@ -88,6 +108,15 @@ struct Session<'a> {
     http10: bool,
     /// Set once the streaming response head went out.
     framing: Option<Framing>,
+    route: String,
+    model: String,
+    caller: Caller,
+    started: Instant,
+    queue_wait: Option<Duration>,
+    worker: Option<String>,
+    first_chunk: Option<Duration>,
+    status: u16,
+    tokens: (u64, u64),
 }
 
 impl Session<'_> {
@@ -102,27 +131,24 @@ impl Session<'_> {
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    let e =
-                        ApiError::new(503, "server_shutting_down", "the relay is shutting down");
-                    let mut buf = Vec::new();
-                    self.push_final(
-                        &mut buf,
-                        ClientEvent::Failed(super::dispatcher::Failure::ShuttingDown),
-                    );
-                    let _ = self.conn.stream.write_all(&buf);
-                    debug!("request {}: dispatcher gone ({})", self.wire, e.code);
-                    return false;
+                    return self.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new())
                 }
             };
             let mut buf = Vec::new();
             let mut last = None;
             match event {
+                ClientEvent::Dispatched { queue_wait, worker } => {
+                    self.queue_wait = Some(queue_wait);
+                    self.worker = Some(worker);
+                    continue;
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
+                            ClientEvent::Dispatched { .. } => {}
                             other => {
                                 last = Some(other);
                                 break;
@@ -132,44 +158,86 @@ impl Session<'_> {
                 }
                 other => last = Some(other),
             }
-            let finished = last.is_some();
             if let Some(event) = last {
-                self.push_final(&mut buf, event);
+                return self.finish_with(event, buf);
             }
             if self.conn.stream.write_all(&buf).is_err() {
-                return if finished { false } else { self.client_gone() };
-            }
-            if finished {
-                return self.keep_alive && self.framing != Some(Framing::UntilClose);
+                return self.client_gone();
             }
         }
     }
 
     fn client_gone(&mut self) -> bool {
         debug!("request {}: client hung up", self.wire);
-        let _ = self
-            .ctx
-            .inputs
-            .send(Input::Event(Event::ClientGone(self.id)));
+        let _ = self.ctx.inputs.send(Input::Event(Event::ClientGone(self.id)));
+        if self.status == 0 {
+            self.status = 499;
+        }
+        self.record("client_disconnect");
         false
+    }
+
+    /// Writes the final part of the answer, records the request, and returns whether
+    /// the connection may be reused.
+    fn finish_with(&mut self, event: ClientEvent, mut buf: Vec<u8>) -> bool {
+        let outcome = match &event {
+            ClientEvent::Failed(f) => f.code(),
+            _ => "completed",
+        };
+        self.push_final(&mut buf, event);
+        let written = self.conn.stream.write_all(&buf).is_ok();
+        self.record(outcome);
+        written && self.keep_alive && self.framing != Some(Framing::UntilClose)
+    }
+
+    /// One access-log line and one metrics record per request.
+    fn record(&self, outcome: &str) {
+        let duration = self.started.elapsed();
+        let wait = self.queue_wait.map(|w| w.as_millis().to_string()).unwrap_or_else(|| "-".into());
+        info!(
+            "request {} {} model={} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
+            self.wire,
+            self.route,
+            self.model,
+            self.worker.as_deref().unwrap_or("-"),
+            self.status,
+            wait,
+            duration.as_millis(),
+            self.tokens.0,
+            self.tokens.1,
+            outcome
+        );
+        self.ctx.http_metrics.finished(&Finished {
+            route: &self.route,
+            model: &self.model,
+            status: self.status,
+            duration,
+            first_chunk: self.first_chunk,
+            key: self.caller.key_id.as_deref(),
+            tokens: self.tokens,
+        });
+    }
+
+    fn queue_wait_ms(&self) -> String {
+        self.queue_wait.unwrap_or_else(|| self.started.elapsed()).as_millis().to_string()
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
         let framing = match self.framing {
             Some(f) => f,
             None => {
-                let f = if self.http10 {
-                    Framing::UntilClose
-                } else {
-                    Framing::Chunked
-                };
+                let f = if self.http10 { Framing::UntilClose } else { Framing::Chunked };
+                let wait = self.queue_wait_ms();
                 let headers = [
                     ("content-type", "text/event-stream"),
                     ("cache-control", "no-cache"),
                     ("x-request-id", self.wire.as_str()),
+                    ("x-queue-wait-ms", wait.as_str()),
                 ];
                 buf.extend_from_slice(&response::head(200, &headers, f, self.keep_alive));
                 self.framing = Some(f);
+                self.status = 200;
+                self.first_chunk = Some(self.started.elapsed());
                 f
             }
         };
@@ -177,94 +245,72 @@ impl Session<'_> {
     }
 
     fn push_final(&mut self, buf: &mut Vec<u8>, event: ClientEvent) {
+        let queue_timeout = self.ctx.cfg.dispatch.queue_timeout.as_secs();
         match (self.framing, event) {
             (None, ClientEvent::Complete(rc)) => self.push_whole(buf, rc),
             (None, ClientEvent::Failed(f)) => {
-                let e = ApiError::from_failure(&f, self.ctx.cfg.dispatch.queue_timeout.as_secs());
-                buf.extend_from_slice(&error_response(
-                    self.style,
-                    &e,
-                    self.keep_alive,
-                    Some(&self.wire),
-                ));
+                let e = ApiError::from_failure(&f, queue_timeout);
+                self.status = e.status;
+                let wait = self.queue_wait_ms();
+                buf.extend_from_slice(&error_response(self.style, &e, self.keep_alive, &[("x-request-id", &self.wire), ("x-queue-wait-ms", &wait)]));
             }
             (Some(framing), ClientEvent::Complete(rc)) => {
+                self.note_tokens(&rc);
                 response::push_chunk(buf, rc.body.as_deref().unwrap_or("").as_bytes(), framing);
                 response::push_end(buf, framing);
             }
             (Some(framing), ClientEvent::Failed(f)) => {
-                let e = ApiError::from_failure(&f, self.ctx.cfg.dispatch.queue_timeout.as_secs());
+                let e = ApiError::from_failure(&f, queue_timeout);
                 response::push_chunk(buf, e.sse_event(self.style).as_bytes(), framing);
                 response::push_end(buf, framing);
             }
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
+            (_, ClientEvent::Dispatched { .. }) => {}
+        }
+    }
+
+    fn note_tokens(&mut self, rc: &ResponseComplete) {
+        if let Some(t) = &rc.token_counts {
+            self.tokens = (t.prompt_tokens.unwrap_or(0), t.completion_tokens.unwrap_or(0));
         }
     }
 
     /// A complete answer that was not streamed: the worker's status, headers and body.
     fn push_whole(&mut self, buf: &mut Vec<u8>, rc: ResponseComplete) {
-        let status = if (100..=599).contains(&rc.status_code) {
-            rc.status_code
-        } else {
-            502
-        };
-        let mut headers: Vec<(&str, &str)> = rc
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .collect();
-        if !rc
-            .headers
-            .keys()
-            .any(|k| k.eq_ignore_ascii_case("content-type"))
-        {
+        self.note_tokens(&rc);
+        let status = if (100..=599).contains(&rc.status_code) { rc.status_code } else { 502 };
+        self.status = status;
+        let wait = self.queue_wait_ms();
+        let mut headers: Vec<(&str, &str)> = rc.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        if !rc.headers.keys().any(|k| k.eq_ignore_ascii_case("content-type")) {
             headers.push(("content-type", "application/json"));
         }
         headers.push(("x-request-id", self.wire.as_str()));
+        headers.push(("x-queue-wait-ms", wait.as_str()));
         let body = rc.body.as_deref().unwrap_or("").as_bytes();
-        buf.extend_from_slice(&response::head(
-            status,
-            &headers,
-            Framing::Length(body.len()),
-            self.keep_alive,
-        ));
+        buf.extend_from_slice(&response::head(status, &headers, Framing::Length(body.len()), self.keep_alive));
         buf.extend_from_slice(body);
     }
 }
 
-/// A complete JSON error response.
-pub fn error_response(
-    style: Style,
-    e: &ApiError,
-    keep_alive: bool,
-    request_id: Option<&str>,
-) -> Vec<u8> {
+/// A complete JSON error response with extra headers.
+pub fn error_response(style: Style, e: &ApiError, keep_alive: bool, extra: &[(&str, &str)]) -> Vec<u8> {
     let body = e.body(style);
     let retry = e.retry_after.map(|s| s.to_string());
     let mut headers = vec![("content-type", "application/json")];
     if let Some(r) = retry.as_deref() {
         headers.push(("retry-after", r));
     }
-    if let Some(id) = request_id {
-        headers.push(("x-request-id", id));
-    }
+    headers.extend_from_slice(extra);
     let mut out = response::head(e.status, &headers, Framing::Length(body.len()), keep_alive);
     out.extend_from_slice(body.as_bytes());
     out
 }
 
 /// Writes a JSON error; returns whether the connection may be reused.
-pub fn write_error(
-    conn: &mut Conn,
-    style: Style,
-    e: &ApiError,
-    keep_alive: bool,
-    id: Option<&str>,
-) -> bool {
-    conn.stream
-        .write_all(&error_response(style, e, keep_alive, id))
-        .is_ok()
-        && keep_alive
+pub fn write_error(conn: &mut Conn, style: Style, e: &ApiError, keep_alive: bool, id: Option<&str>) -> bool {
+    let extra: Vec<(&str, &str)> = id.map(|id| ("x-request-id", id)).into_iter().collect();
+    conn.stream.write_all(&error_response(style, e, keep_alive, &extra)).is_ok() && keep_alive
 }
 
 /// True when the client has closed its end (EOF or error on a non-blocking peek).

@@ -100,6 +100,7 @@ fn check(req: &Request, ctx: &Ctx, ip: std::net::IpAddr) -> Result<(), ApiError>
         }
         _ => {
             ctx.limiter.record_failure(ip, now);
+            ctx.http_metrics.auth_failure("worker");
             Err(ApiError::new(
                 401,
                 "invalid_worker_secret",

@@ -13,7 +13,7 @@ pub mod runtime;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use crate::protocol::{
     self, CancelReason, RegisterAck, RegisterMessage, RequestMessage, ResponseComplete,
     ServerMessage, WorkerMessage,
 };
+use crate::server::metrics::Histogram;
 pub use queue::Queue;
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};
 
@@ -116,6 +117,8 @@ pub enum Action {
 /// What a waiting client connection receives.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientEvent {
+    /// The request reached a worker after waiting this long (sent again on requeue).
+    Dispatched { queue_wait: Duration, worker: String },
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
     /// The worker finished; final.
@@ -126,7 +129,7 @@ pub enum ClientEvent {
 
 impl ClientEvent {
     pub fn is_final(&self) -> bool {
-        !matches!(self, ClientEvent::Chunk(_))
+        matches!(self, ClientEvent::Complete(_) | ClientEvent::Failed(_))
     }
 }
 
@@ -152,6 +155,23 @@ pub enum Failure {
     WorkerLost,
     /// The client went away (never written anywhere; closes the bookkeeping).
     ClientGone,
+}
+
+impl Failure {
+    /// Stable machine code, also the `code` field of the client's error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Failure::QueueFull => "queue_full",
+            Failure::QueueTimeout => "queue_timeout",
+            Failure::RequestTimeout => "request_timeout",
+            Failure::RequeueExhausted => "requeue_exhausted",
+            Failure::ModelNotFound { .. } => "model_not_found",
+            Failure::ShuttingDown => "server_shutting_down",
+            Failure::WorkerError { .. } => "worker_error",
+            Failure::WorkerLost => "worker_disconnected",
+            Failure::ClientGone => "client_closed_request",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -189,8 +209,8 @@ enum Phase {
     Done,
 }
 
-/// Counts of request outcomes, for `/admin/stats` and tests.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// Request outcomes, for `/metrics`, `/admin/stats` and tests.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Counters {
     pub completed: u64,
     pub failed: u64,
@@ -198,6 +218,44 @@ pub struct Counters {
     pub requeued: u64,
     pub dispatched: u64,
     pub heartbeat_timeouts: u64,
+    /// Failure code (see [`Failure::code`]) → count.
+    pub failed_by: BTreeMap<&'static str, u64>,
+    /// Cancel reason sent to workers (or `client_disconnect` while queued) → count.
+    pub cancelled_by: BTreeMap<&'static str, u64>,
+    /// Model → (prompt tokens, completion tokens) reported by workers.
+    pub tokens: BTreeMap<String, (u64, u64)>,
+    pub queue_wait: Histogram,
+    /// The most recent queue waits, for percentiles.
+    pub recent_waits: VecDeque<Duration>,
+}
+
+const RECENT_WAITS: usize = 1024;
+
+impl Counters {
+    fn failed(&mut self, f: &Failure) {
+        self.failed += 1;
+        *self.failed_by.entry(f.code()).or_default() += 1;
+    }
+
+    fn cancelled(&mut self, reason: CancelReason) {
+        self.cancelled += 1;
+        *self.cancelled_by.entry(reason.as_str()).or_default() += 1;
+    }
+
+    fn waited(&mut self, wait: Duration) {
+        self.queue_wait.observe(wait);
+        if self.recent_waits.len() == RECENT_WAITS {
+            self.recent_waits.pop_front();
+        }
+        self.recent_waits.push_back(wait);
+    }
+
+    /// Percentile (0–100) of the recent queue waits.
+    pub fn wait_percentile(&self, pct: usize) -> Duration {
+        let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();
+        v.sort_unstable();
+        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+    }
 }
 
 /// Gauges the HTTP threads read for `/health`.
@@ -311,7 +369,7 @@ impl Dispatcher {
 
     fn submit(&mut self, id: RequestId, msg: Arc<RequestMessage>, now: Instant) {
         if self.phase != Phase::Running {
-            return self.reply(id, ClientEvent::Failed(Failure::ShuttingDown));
+            return self.fail(id, Failure::ShuttingDown);
         }
         if self.model_is_unknown(&msg.model, now) {
             let available = self.registry.routable_models();
@@ -320,10 +378,7 @@ impl Dispatcher {
                 msg.request_id, msg.model
             );
             let model = msg.model.clone();
-            return self.reply(
-                id,
-                ClientEvent::Failed(Failure::ModelNotFound { model, available }),
-            );
+            return self.fail(id, Failure::ModelNotFound { model, available });
         }
         if let Some(worker) = self.registry.pick(&msg.model) {
             let deadline = now + self.cfg.request_timeout;
@@ -346,7 +401,7 @@ impl Dispatcher {
                 self.queue.len(),
                 msg.request_id
             );
-            return self.reply(id, ClientEvent::Failed(Failure::QueueFull));
+            return self.fail(id, Failure::QueueFull);
         }
         debug!(
             "request {} queued for model `{}`",
@@ -398,7 +453,7 @@ impl Dispatcher {
             return;
         };
         self.unschedule(id, req.timer_at);
-        self.counters.cancelled += 1;
+        self.counters.cancelled(CancelReason::ClientDisconnect);
         match req.stage {
             Stage::Queued => {
                 self.queue.remove(id);
@@ -442,15 +497,19 @@ impl Dispatcher {
             streamed: false,
         };
         let (deadline, msg) = (req.deadline, req.msg.clone());
+        let queue_wait = now.saturating_duration_since(req.arrived);
         self.timers.remove(&(old, Timer::Request(id)));
         self.timers.insert((deadline, Timer::Request(id)));
         self.counters.dispatched += 1;
+        self.counters.waited(queue_wait);
         debug!(
             "request {} dispatched to {} ({})",
             msg.request_id, w.wire_id, w.name
         );
+        let name = w.name.clone();
         self.actions
             .push(Action::ToWorker(worker, ServerMessage::Request(msg)));
+        self.reply(id, ClientEvent::Dispatched { queue_wait, worker: name });
     }
 
     /// Gives a worker with free slots the oldest queued requests it can serve.
@@ -518,6 +577,12 @@ impl Dispatcher {
         self.actions.push(Action::ToClient(id, event));
     }
 
+    /// Fails a request that holds no worker slot (rejected, queued, or shutting down).
+    fn fail(&mut self, id: RequestId, failure: Failure) {
+        self.counters.failed(&failure);
+        self.reply(id, ClientEvent::Failed(failure));
+    }
+
     /// Ends a request that is in flight on `worker` (complete, error, timeout, loss).
     fn finish(&mut self, id: RequestId, event: ClientEvent, now: Instant) {
         let Some(req) = self.requests.remove(&id) else {
@@ -525,8 +590,16 @@ impl Dispatcher {
         };
         self.unschedule(id, req.timer_at);
         match &event {
-            ClientEvent::Complete(_) => self.counters.completed += 1,
-            _ => self.counters.failed += 1,
+            ClientEvent::Complete(rc) => {
+                self.counters.completed += 1;
+                if let Some(t) = &rc.token_counts {
+                    let entry = self.counters.tokens.entry(req.msg.model.clone()).or_default();
+                    entry.0 += t.prompt_tokens.unwrap_or(0);
+                    entry.1 += t.completion_tokens.unwrap_or(0);
+                }
+            }
+            ClientEvent::Failed(f) => self.counters.failed(f),
+            _ => {}
         }
         self.reply(id, event);
         if let Stage::InFlight { worker, .. } = req.stage {
@@ -567,12 +640,12 @@ impl Dispatcher {
                 info!("request {} failed: queue timeout", req.msg.request_id);
                 self.queue.remove(id);
                 self.requests.remove(&id);
-                self.counters.failed += 1;
-                self.reply(id, ClientEvent::Failed(Failure::QueueTimeout));
+                self.fail(id, Failure::QueueTimeout);
             }
             Stage::InFlight { worker, .. } => {
                 let wire = req.msg.request_id.clone();
                 info!("request {wire} timed out on worker w-{worker}; cancelling");
+                self.counters.cancelled(CancelReason::Timeout);
                 self.actions.push(Action::ToWorker(
                     worker,
                     ServerMessage::Cancel {
@@ -903,8 +976,7 @@ impl Dispatcher {
             if let Some(req) = self.requests.remove(&id) {
                 self.unschedule(id, req.timer_at);
             }
-            self.counters.failed += 1;
-            self.reply(id, ClientEvent::Failed(Failure::ShuttingDown));
+            self.fail(id, Failure::ShuttingDown);
         }
         for id in self.registry.ids() {
             let msg = ServerMessage::GracefulShutdown {
@@ -935,9 +1007,10 @@ impl Dispatcher {
                     request_id: req.msg.request_id.clone(),
                     reason: CancelReason::ServerShutdown,
                 };
+                self.counters.cancelled(CancelReason::ServerShutdown);
                 self.actions.push(Action::ToWorker(worker, msg));
             }
-            self.reply(id, ClientEvent::Failed(Failure::ShuttingDown));
+            self.fail(id, Failure::ShuttingDown);
         }
         for id in self.registry.ids() {
             self.registry.remove(id);

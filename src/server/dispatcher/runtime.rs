@@ -10,7 +10,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::debug;
 
-use super::{Action, ClientEvent, Dispatcher, Event, RequestId, WorkerId};
+use super::{Action, ClientEvent, Counters, Dispatcher, Event, Gauges, RequestId, WorkerId};
 use crate::protocol::{RegisterMessage, RequestMessage, ServerMessage};
 use crate::server::shared::Shared;
 use crate::ws::{close_code, Outgoing};
@@ -33,6 +33,51 @@ pub enum Input {
         outbound: Sender<Outbound>,
     },
     Event(Event),
+    /// An operator question, answered by the dispatcher thread from its own state.
+    Query(Query, Sender<Answer>),
+}
+
+/// Admin questions.
+#[derive(Debug)]
+pub enum Query {
+    Workers,
+    Stats,
+    Drain { worker: WorkerId, timeout: Option<std::time::Duration> },
+    RefreshModels,
+}
+
+/// Answers to [`Query`].
+#[derive(Debug)]
+pub enum Answer {
+    Workers(Vec<WorkerInfo>),
+    Stats(Box<StatsSnapshot>),
+    /// Whether the operation found its target.
+    Done(bool),
+}
+
+/// One worker as `/admin/workers` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerInfo {
+    pub id: String,
+    pub name: String,
+    pub models: Vec<String>,
+    pub max_concurrent: u32,
+    pub in_flight: usize,
+    pub reported_load: u32,
+    pub draining: bool,
+    pub connected_since_unix: u64,
+    pub last_heartbeat_unix: u64,
+    pub remote_addr: String,
+    pub protocol_version: Option<String>,
+}
+
+/// Dispatcher-side figures for `/metrics` and `/admin/stats`.
+#[derive(Debug, Clone)]
+pub struct StatsSnapshot {
+    pub counters: Counters,
+    pub gauges: Gauges,
+    pub slots_total: u64,
+    pub slots_used: u64,
 }
 
 /// Runs the dispatcher until it reports that shutdown is complete (or every input
@@ -48,6 +93,11 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
         };
         let now = Instant::now();
         let mut actions = match received {
+            Ok(Input::Query(query, reply)) => {
+                let (answer, actions) = answer(&mut core, query, now);
+                let _ = reply.send(answer);
+                actions
+            }
             Ok(input) => {
                 let event = route_input(input, &mut clients, &mut workers);
                 core.handle(event, now)
@@ -99,7 +149,61 @@ fn route_input(
             }
             event
         }
+        Input::Query(..) => unreachable!("queries are answered before routing"),
     }
+}
+
+fn answer(core: &mut Dispatcher, query: Query, now: Instant) -> (Answer, Vec<Action>) {
+    match query {
+        Query::Workers => (Answer::Workers(worker_infos(core, now)), Vec::new()),
+        Query::Stats => {
+            let (total, used) = core.registry().iter().fold((0u64, 0u64), |(t, u), w| {
+                (t + u64::from(w.max_concurrent), u + w.in_flight.len() as u64)
+            });
+            let snapshot = StatsSnapshot {
+                counters: core.counters().clone(),
+                gauges: core.gauges(),
+                slots_total: total,
+                slots_used: used,
+            };
+            (Answer::Stats(Box::new(snapshot)), Vec::new())
+        }
+        Query::Drain { worker, timeout } => {
+            if core.registry().get(worker).is_none() {
+                return (Answer::Done(false), Vec::new());
+            }
+            let actions = core.handle(Event::DrainWorker { id: worker, timeout }, now);
+            (Answer::Done(true), actions)
+        }
+        Query::RefreshModels => {
+            let any = !core.registry().is_empty();
+            (Answer::Done(any), core.handle(Event::RefreshModels, now))
+        }
+    }
+}
+
+fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let unix = |at: Instant| now_unix.saturating_sub(now.saturating_duration_since(at).as_secs());
+    core.registry()
+        .iter()
+        .map(|w| WorkerInfo {
+            id: w.wire_id.clone(),
+            name: w.name.clone(),
+            models: w.models.clone(),
+            max_concurrent: w.max_concurrent,
+            in_flight: w.in_flight.len(),
+            reported_load: w.reported_load,
+            draining: w.is_draining(),
+            connected_since_unix: unix(w.connected_at),
+            last_heartbeat_unix: unix(w.last_seen),
+            remote_addr: w.remote.clone(),
+            protocol_version: w.protocol_version.clone(),
+        })
+        .collect()
 }
 
 /// Carries out actions; returns true when the process should exit.

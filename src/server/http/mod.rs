@@ -12,8 +12,9 @@ use std::sync::Arc;
 use log::debug;
 
 use super::api::{ApiError, Style, RELAYED_ROUTES};
+use super::auth::authorize_client;
 use super::relay::{self, write_error};
-use super::{worker_socket, Ctx};
+use super::{ops, worker_socket, Ctx};
 use request::{Conn, ReadError, Request};
 
 /// Serves one client connection until it closes or is upgraded.
@@ -36,9 +37,17 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
         };
         let keep_alive = match (req.method.as_str(), req.path.as_str()) {
             ("GET", "/v1/worker/connect") => return worker_socket::accept(conn, req, ctx),
-            ("POST", path) if RELAYED_ROUTES.contains(&path) => relay::relay(&mut conn, &ctx, req),
-            ("GET", "/v1/models") => models(&mut conn, &ctx, &req),
+            ("POST", path) if RELAYED_ROUTES.contains(&path) => match authorize_client(&ctx, &req, peer.ip()) {
+                Ok(caller) => relay::relay(&mut conn, &ctx, req, caller),
+                Err(e) => write_error(&mut conn, Style::for_path(path), &e, req.keep_alive, None),
+            },
+            ("GET", "/v1/models") => match authorize_client(&ctx, &req, peer.ip()) {
+                Ok(_) => models(&mut conn, &ctx, &req),
+                Err(e) => write_error(&mut conn, Style::OpenAi, &e, req.keep_alive, None),
+            },
             ("GET", "/health") => health(&mut conn, &ctx, &req),
+            ("GET", "/metrics") => ops::metrics(&mut conn, &ctx, &req),
+            (_, path) if path.starts_with("/admin/") => ops::admin(&mut conn, &ctx, &req),
             (_, path) => {
                 let e = if is_known(path) {
                     ApiError::new(

@@ -1,0 +1,222 @@
+//! Client API keys: created, listed and revoked through the admin API, stored **hashed**
+//! (SHA-256) in `STATE_DIR/keys.json`.
+//!
+//! The file is replaced atomically (write a temporary file, fsync it, rename it over the
+//! old one, fsync the directory), so a crash or power cut leaves either the old or the
+//! new list, never a torn one. A file that does not parse is reported at start-up and
+//! never silently replaced. `last_used` is kept in memory and saved with the next write.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+const FILE_NAME: &str = "keys.json";
+
+/// One key as stored (the secret itself is never stored).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    pub id: String,
+    pub name: String,
+    /// Hex SHA-256 of the secret.
+    pub sha256: String,
+    pub created_unix: u64,
+    #[serde(default)]
+    pub last_used_unix: Option<u64>,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+/// What `GET /admin/keys` shows: metadata only.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyInfo {
+    pub id: String,
+    pub name: String,
+    pub created_unix: u64,
+    pub last_used_unix: Option<u64>,
+    pub revoked: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct KeyFile {
+    version: u32,
+    keys: Vec<KeyRecord>,
+}
+
+pub struct KeyStore {
+    dir: PathBuf,
+    keys: RwLock<Vec<KeyRecord>>,
+    /// sha256 → index into `keys`.
+    by_hash: RwLock<HashMap<String, usize>>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn hash(secret: &str) -> String {
+    hex(&Sha256::digest(secret.as_bytes()))
+}
+
+fn random_hex(n: usize) -> Result<String, String> {
+    let mut bytes = vec![0u8; n];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness available: {e}"))?;
+    Ok(hex(&bytes))
+}
+
+impl KeyStore {
+    /// Loads `dir/keys.json` if it exists. A corrupt file is an error, not a fresh start.
+    pub fn open(dir: &Path) -> Result<KeyStore, String> {
+        let path = dir.join(FILE_NAME);
+        let keys = match fs::read(&path) {
+            Ok(bytes) => {
+                let file: KeyFile = serde_json::from_slice(&bytes).map_err(|e| {
+                    format!("{} is corrupt ({e}); it was left untouched — restore it from a backup or move it away", path.display())
+                })?;
+                file.keys
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let by_hash = keys.iter().enumerate().map(|(i, k)| (k.sha256.clone(), i)).collect();
+        Ok(KeyStore { dir: dir.to_path_buf(), keys: RwLock::new(keys), by_hash: RwLock::new(by_hash) })
+    }
+
+    /// Creates a key; returns its record and the secret (shown once).
+    pub fn create(&self, name: &str) -> Result<(KeyRecord, String), String> {
+        let secret = format!("mr-{}", random_hex(32)?);
+        let record = KeyRecord {
+            id: format!("key-{}", random_hex(6)?),
+            name: name.to_string(),
+            sha256: hash(&secret),
+            created_unix: now_unix(),
+            last_used_unix: None,
+            revoked: false,
+        };
+        let mut keys = self.keys.write();
+        let mut next = keys.clone();
+        next.push(record.clone());
+        self.persist(&next)?;
+        self.by_hash.write().insert(record.sha256.clone(), next.len() - 1);
+        *keys = next;
+        Ok((record, secret))
+    }
+
+    pub fn list(&self) -> Vec<KeyInfo> {
+        self.keys
+            .read()
+            .iter()
+            .map(|k| KeyInfo {
+                id: k.id.clone(),
+                name: k.name.clone(),
+                created_unix: k.created_unix,
+                last_used_unix: k.last_used_unix,
+                revoked: k.revoked,
+            })
+            .collect()
+    }
+
+    /// Revokes a key; `Ok(false)` if there is no such key.
+    pub fn revoke(&self, id: &str) -> Result<bool, String> {
+        let mut keys = self.keys.write();
+        let Some(pos) = keys.iter().position(|k| k.id == id) else { return Ok(false) };
+        let mut next = keys.clone();
+        next[pos].revoked = true;
+        self.persist(&next)?;
+        *keys = next;
+        Ok(true)
+    }
+
+    /// The id of the live key with this secret.
+    pub fn verify(&self, secret: &str) -> Option<String> {
+        let index = *self.by_hash.read().get(&hash(secret))?;
+        let mut keys = self.keys.write();
+        let key = keys.get_mut(index).filter(|k| !k.revoked)?;
+        key.last_used_unix = Some(now_unix());
+        Some(key.id.clone())
+    }
+
+    /// Writes the list atomically: temp file, fsync, rename, fsync directory.
+    fn persist(&self, keys: &[KeyRecord]) -> Result<(), String> {
+        let fail = |what: &str, e: std::io::Error| format!("cannot save API keys ({what}): {e}");
+        fs::create_dir_all(&self.dir).map_err(|e| fail("create state dir", e))?;
+        let body = serde_json::to_vec_pretty(&KeyFile { version: 1, keys: keys.to_vec() })
+            .map_err(|e| format!("cannot encode API keys: {e}"))?;
+        let tmp = self.dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| fail("open temp file", e))?;
+        set_private(&file);
+        file.write_all(&body).map_err(|e| fail("write", e))?;
+        file.sync_all().map_err(|e| fail("fsync", e))?;
+        drop(file);
+        fs::rename(&tmp, self.dir.join(FILE_NAME)).map_err(|e| fail("rename", e))?;
+        if let Ok(dir) = fs::File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(unix)]
+fn set_private(file: &fs::File) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = file.set_permissions(fs::Permissions::from_mode(0o600));
+}
+
+#[cfg(not(unix))]
+fn set_private(_: &fs::File) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mr-keys-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn create_verify_revoke_and_reload() {
+        let dir = temp_dir("cycle");
+        let store = KeyStore::open(&dir).unwrap();
+        let (rec, secret) = store.create("app").unwrap();
+        assert!(secret.starts_with("mr-") && secret.len() == 67);
+        assert_eq!(store.verify(&secret), Some(rec.id.clone()));
+        assert_eq!(store.verify("mr-wrong"), None);
+        let text = fs::read_to_string(dir.join(FILE_NAME)).unwrap();
+        assert!(!text.contains(&secret), "the secret is never stored");
+        assert!(text.contains(&hash(&secret)));
+        assert!(store.revoke(&rec.id).unwrap());
+        assert_eq!(store.verify(&secret), None, "revoked at once");
+        assert!(!store.revoke("key-nope").unwrap());
+        let reloaded = KeyStore::open(&dir).unwrap();
+        assert!(reloaded.list()[0].revoked);
+        assert_eq!(reloaded.verify(&secret), None);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupt_file_is_reported_and_left_alone() {
+        let dir = temp_dir("corrupt");
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(FILE_NAME), b"{\"version\":1,\"keys\":[{\"id\":").unwrap();
+        let err = KeyStore::open(&dir).err().unwrap();
+        assert!(err.contains("corrupt"), "{err}");
+        assert_eq!(fs::read(dir.join(FILE_NAME)).unwrap(), b"{\"version\":1,\"keys\":[{\"id\":");
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

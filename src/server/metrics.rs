@@ -1,0 +1,187 @@
+//! Counters and histograms, and their Prometheus text rendering.
+//!
+//! Two owners: the dispatcher keeps request outcomes (in its own [`Counters`]
+//! (super::dispatcher::Counters), plain data like the rest of its state), and the HTTP
+//! threads keep what they see ([`HttpMetrics`]: requests by route/model/status class,
+//! durations, time to first chunk, auth failures, per-key usage). `/metrics` and
+//! `/admin/stats` combine a snapshot of both.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+/// Upper bounds (seconds) of the histogram buckets.
+pub const BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+/// A cumulative-bucket histogram of durations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    /// Count per bucket in [`BUCKETS`] (not cumulative), plus one for `+Inf`.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, d: Duration) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; BUCKETS.len() + 1];
+        }
+        let secs = d.as_secs_f64();
+        let i = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
+        self.counts[i] += 1;
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Appends `name_bucket`, `name_sum`, `name_count` lines with `labels`.
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            cumulative += self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
+    }
+}
+
+/// Usage of one client API key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KeyUsage {
+    pub requests: u64,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+}
+
+/// What the HTTP threads record.
+#[derive(Debug, Default)]
+pub struct HttpMetrics {
+    inner: Mutex<HttpInner>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct HttpInner {
+    /// (route, model, status class) → count
+    pub requests: BTreeMap<(String, String, String), u64>,
+    /// route → request duration
+    pub duration: BTreeMap<String, Histogram>,
+    pub first_chunk: Histogram,
+    /// kind (`worker`, `api_key`, `admin`) → count
+    pub auth_failures: BTreeMap<String, u64>,
+    /// key id → usage
+    pub keys: BTreeMap<String, KeyUsage>,
+}
+
+/// One finished client request, as the HTTP side saw it.
+pub struct Finished<'a> {
+    pub route: &'a str,
+    pub model: &'a str,
+    pub status: u16,
+    pub duration: Duration,
+    pub first_chunk: Option<Duration>,
+    pub key: Option<&'a str>,
+    pub tokens: (u64, u64),
+}
+
+impl HttpMetrics {
+    pub fn finished(&self, f: &Finished) {
+        let mut m = self.inner.lock();
+        let class = format!("{}xx", f.status / 100);
+        *m.requests.entry((f.route.to_string(), f.model.to_string(), class)).or_default() += 1;
+        m.duration.entry(f.route.to_string()).or_default().observe(f.duration);
+        if let Some(t) = f.first_chunk {
+            m.first_chunk.observe(t);
+        }
+        if let Some(key) = f.key {
+            let usage = m.keys.entry(key.to_string()).or_default();
+            usage.requests += 1;
+            usage.tokens_in += f.tokens.0;
+            usage.tokens_out += f.tokens.1;
+        }
+    }
+
+    pub fn auth_failure(&self, kind: &str) {
+        *self.inner.lock().auth_failures.entry(kind.to_string()).or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> HttpInner {
+        self.inner.lock().clone()
+    }
+}
+
+/// Escapes a Prometheus label value.
+pub fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A Prometheus text-format writer that emits `# HELP`/`# TYPE` once per family.
+pub struct Exposition {
+    pub out: String,
+}
+
+impl Exposition {
+    pub fn new() -> Exposition {
+        Exposition { out: String::with_capacity(8192) }
+    }
+
+    pub fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    pub fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        if labels.is_empty() {
+            let _ = writeln!(self.out, "{name} {value}");
+            return;
+        }
+        let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", label(v))).collect();
+        let _ = writeln!(self.out, "{name}{{{}}} {value}", l.join(","));
+    }
+
+    pub fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) {
+        let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", label(v))).collect();
+        h.render(&mut self.out, name, &l.join(","));
+    }
+}
+
+impl Default for Exposition {
+    fn default() -> Self {
+        Exposition::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let mut h = Histogram::default();
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(1000));
+        let mut out = String::new();
+        h.render(&mut out, "x", "");
+        assert!(out.contains("x_bucket{le=\"0.001\"} 0\n"));
+        assert!(out.contains("x_bucket{le=\"0.005\"} 1\n"));
+        assert!(out.contains("x_bucket{le=\"0.05\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"300\"} 2\n"));
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"));
+        assert!(out.contains("x_count 3\n"));
+    }
+
+    #[test]
+    fn labels_are_escaped() {
+        assert_eq!(label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

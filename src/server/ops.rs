@@ -1,0 +1,274 @@
+//! Operator endpoints: `/metrics` (Prometheus text) and the `/admin/*` API (workers,
+//! stats, drain, model refresh, client API keys). Admin routes need
+//! `Authorization: Bearer <MODELRELAY_ADMIN_TOKEN>`; without a configured token they
+//! answer 403, with a wrong one 401.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use log::{info, warn};
+use serde_json::{json, Value};
+
+use super::api::{ApiError, Style};
+use super::auth::secrets_match;
+use super::dispatcher::runtime::{Answer, Input, Query, StatsSnapshot};
+use super::http::request::{Conn, Request};
+use super::http::response;
+use super::metrics::{Exposition, HttpInner};
+use super::relay::write_error;
+use super::Ctx;
+
+fn ask(ctx: &Ctx, query: Query) -> Option<Answer> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    ctx.inputs.send(Input::Query(query, tx)).ok()?;
+    rx.recv_timeout(Duration::from_secs(5)).ok()
+}
+
+fn stats(ctx: &Ctx) -> Option<StatsSnapshot> {
+    match ask(ctx, Query::Stats)? {
+        Answer::Stats(s) => Some(*s),
+        _ => None,
+    }
+}
+
+fn unavailable() -> ApiError {
+    ApiError::new(503, "dispatcher_unavailable", "the relay is shutting down")
+}
+
+fn write_json(conn: &mut Conn, status: u16, body: &Value, keep_alive: bool) -> bool {
+    let body = body.to_string();
+    let headers = [("content-type", "application/json")];
+    response::write_full(&mut conn.stream, status, &headers, body.as_bytes(), keep_alive).is_ok() && keep_alive
+}
+
+/// `GET /metrics`.
+pub fn metrics(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
+    let Some(snapshot) = stats(ctx) else {
+        return write_error(conn, Style::OpenAi, &unavailable(), req.keep_alive, None);
+    };
+    let text = render(&snapshot, &ctx.http_metrics.snapshot(), ctx.shared.started.elapsed());
+    let headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")];
+    response::write_full(&mut conn.stream, 200, &headers, text.as_bytes(), req.keep_alive).is_ok() && req.keep_alive
+}
+
+/// Renders every metric family in the Prometheus text format.
+pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
+    let mut e = Exposition::new();
+    e.family("modelrelay_requests_total", "counter", "Finished client requests by route, model and status class.");
+    for ((route, model, class), n) in &http.requests {
+        e.sample("modelrelay_requests_total", &[("route", route), ("model", model), ("status_class", class)], n);
+    }
+    e.family("modelrelay_request_duration_seconds", "histogram", "Client request duration, from request to last byte.");
+    for (route, h) in &http.duration {
+        e.histogram("modelrelay_request_duration_seconds", &[("route", route)], h);
+    }
+    e.family("modelrelay_queue_wait_seconds", "histogram", "Time from arrival to dispatch to a worker.");
+    e.histogram("modelrelay_queue_wait_seconds", &[], &s.counters.queue_wait);
+    e.family("modelrelay_time_to_first_chunk_seconds", "histogram", "Time from request to the first streamed byte.");
+    e.histogram("modelrelay_time_to_first_chunk_seconds", &[], &http.first_chunk);
+    e.family("modelrelay_in_flight", "gauge", "Requests dispatched to a worker and not finished.");
+    e.sample("modelrelay_in_flight", &[], s.gauges.in_flight);
+    e.family("modelrelay_queue_depth", "gauge", "Requests waiting for a worker.");
+    e.sample("modelrelay_queue_depth", &[], s.gauges.queue_depth);
+    e.family("modelrelay_workers_connected", "gauge", "Registered workers.");
+    e.sample("modelrelay_workers_connected", &[], s.gauges.workers);
+    e.family("modelrelay_worker_slots", "gauge", "Worker concurrency slots, total and used.");
+    e.sample("modelrelay_worker_slots", &[("state", "total")], s.slots_total);
+    e.sample("modelrelay_worker_slots", &[("state", "used")], s.slots_used);
+    e.family("modelrelay_dispatched_total", "counter", "Dispatches to workers (requeues count again).");
+    e.sample("modelrelay_dispatched_total", &[], s.counters.dispatched);
+    e.family("modelrelay_requeues_total", "counter", "Requests put back in the queue after their worker was lost.");
+    e.sample("modelrelay_requeues_total", &[], s.counters.requeued);
+    e.family("modelrelay_cancels_total", "counter", "Cancelled requests by reason.");
+    for (reason, n) in &s.counters.cancelled_by {
+        e.sample("modelrelay_cancels_total", &[("reason", reason)], n);
+    }
+    e.family("modelrelay_failures_total", "counter", "Failed requests by reason.");
+    for (reason, n) in &s.counters.failed_by {
+        e.sample("modelrelay_failures_total", &[("reason", reason)], n);
+    }
+    e.family("modelrelay_heartbeat_timeouts_total", "counter", "Workers dropped for missing heartbeats.");
+    e.sample("modelrelay_heartbeat_timeouts_total", &[], s.counters.heartbeat_timeouts);
+    e.family("modelrelay_auth_failures_total", "counter", "Failed authentications by kind.");
+    for (kind, n) in &http.auth_failures {
+        e.sample("modelrelay_auth_failures_total", &[("kind", kind)], n);
+    }
+    e.family("modelrelay_tokens_total", "counter", "Tokens reported by backends, by model and direction.");
+    for (model, (input, output)) in &s.counters.tokens {
+        e.sample("modelrelay_tokens_total", &[("model", model), ("direction", "in")], input);
+        e.sample("modelrelay_tokens_total", &[("model", model), ("direction", "out")], output);
+    }
+    e.family("modelrelay_uptime_seconds", "gauge", "Seconds since the server started.");
+    e.sample("modelrelay_uptime_seconds", &[], format!("{:.3}", uptime.as_secs_f64()));
+    e.out
+}
+
+/// Everything under `/admin/`.
+pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
+    let keep = req.keep_alive;
+    if let Err(e) = check_admin(ctx, req, conn.peer.ip()) {
+        return write_error(conn, Style::OpenAi, &e, keep, None);
+    }
+    let segments: Vec<&str> = req.path.trim_start_matches("/admin/").split('/').collect();
+    let result = match (req.method.as_str(), segments.as_slice()) {
+        ("GET", ["workers"]) => workers(ctx),
+        ("GET", ["stats"]) => admin_stats(ctx),
+        ("POST", ["workers", id, "drain"]) => drain(ctx, id, &req.body),
+        ("POST", ["models", "refresh"]) => refresh(ctx),
+        ("GET", ["keys"]) => list_keys(ctx),
+        ("POST", ["keys"]) => create_key(ctx, &req.body),
+        ("DELETE", ["keys", id]) => revoke_key(ctx, id),
+        _ => Err(ApiError::new(404, "not_found", format!("no admin route for {} {}", req.method, req.path))),
+    };
+    match result {
+        Ok((status, body)) => write_json(conn, status, &body, keep),
+        Err(e) => write_error(conn, Style::OpenAi, &e, keep, None),
+    }
+}
+
+fn check_admin(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<(), ApiError> {
+    let Some(token) = &ctx.cfg.admin_token else {
+        return Err(ApiError::new(403, "admin_disabled", "admin API disabled: set MODELRELAY_ADMIN_TOKEN"));
+    };
+    if ctx.limiter.is_blocked(ip, Instant::now()) {
+        return Err(ApiError::new(429, "auth_rate_limited", "too many failed authentications; retry later"));
+    }
+    let given = req.header("authorization").and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    if secrets_match(given.trim(), token) {
+        return Ok(());
+    }
+    ctx.limiter.record_failure(ip, Instant::now());
+    ctx.http_metrics.auth_failure("admin");
+    warn!("admin authentication failed from {ip}");
+    Err(ApiError::new(401, "invalid_admin_token", "missing or wrong admin token"))
+}
+
+type AdminResult = Result<(u16, Value), ApiError>;
+
+fn workers(ctx: &Ctx) -> AdminResult {
+    match ask(ctx, Query::Workers) {
+        Some(Answer::Workers(list)) => {
+            let list: Vec<Value> = list
+                .into_iter()
+                .map(|w| {
+                    let mut v = serde_json::to_value(w).unwrap_or(Value::Null);
+                    v["provider"] = json!(ctx.cfg.provider);
+                    v
+                })
+                .collect();
+            Ok((200, json!({ "workers": list })))
+        }
+        _ => Err(unavailable()),
+    }
+}
+
+fn admin_stats(ctx: &Ctx) -> AdminResult {
+    let s = stats(ctx).ok_or_else(unavailable)?;
+    let http = ctx.http_metrics.snapshot();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let tokens: serde_json::Map<String, Value> =
+        s.counters.tokens.iter().map(|(m, (i, o))| (m.clone(), json!({"in": i, "out": o}))).collect();
+    let by_status: serde_json::Map<String, Value> = http
+        .requests
+        .iter()
+        .fold(std::collections::BTreeMap::<String, u64>::new(), |mut acc, ((_, _, class), n)| {
+            *acc.entry(class.clone()).or_default() += n;
+            acc
+        })
+        .into_iter()
+        .map(|(k, v)| (k, json!(v)))
+        .collect();
+    Ok((
+        200,
+        json!({
+            "requests": {
+                "completed": s.counters.completed,
+                "failed": s.counters.failed,
+                "failed_by_reason": s.counters.failed_by,
+                "cancelled": s.counters.cancelled,
+                "cancelled_by_reason": s.counters.cancelled_by,
+                "requeued": s.counters.requeued,
+                "dispatched": s.counters.dispatched,
+                "by_status_class": by_status,
+            },
+            "queue": {
+                "depth": s.gauges.queue_depth,
+                "wait_ms": {
+                    "p50": ms(s.counters.wait_percentile(50)),
+                    "p90": ms(s.counters.wait_percentile(90)),
+                    "p99": ms(s.counters.wait_percentile(99)),
+                },
+            },
+            "in_flight": s.gauges.in_flight,
+            "workers_connected": s.gauges.workers,
+            "worker_slots": {"total": s.slots_total, "used": s.slots_used},
+            "heartbeat_timeouts": s.counters.heartbeat_timeouts,
+            "tokens_by_model": tokens,
+            "keys": http.keys,
+            "auth_failures": http.auth_failures,
+            "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
+        }),
+    ))
+}
+
+fn drain(ctx: &Ctx, id: &str, body: &[u8]) -> AdminResult {
+    let worker = id
+        .strip_prefix("w-")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| ApiError::new(404, "worker_not_found", format!("no worker `{id}`")))?;
+    let timeout = if body.is_empty() {
+        None
+    } else {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::new(400, "invalid_json", format!("body is not valid JSON: {e}")))?;
+        v.get("drain_timeout_secs").and_then(Value::as_u64).map(Duration::from_secs)
+    };
+    match ask(ctx, Query::Drain { worker, timeout }) {
+        Some(Answer::Done(true)) => {
+            info!("admin: draining worker {id}");
+            Ok((202, json!({"worker": id, "draining": true})))
+        }
+        Some(_) => Err(ApiError::new(404, "worker_not_found", format!("no worker `{id}`"))),
+        None => Err(unavailable()),
+    }
+}
+
+fn refresh(ctx: &Ctx) -> AdminResult {
+    match ask(ctx, Query::RefreshModels) {
+        Some(Answer::Done(any)) => Ok((202, json!({"refresh_sent": any}))),
+        _ => Err(unavailable()),
+    }
+}
+
+fn key_store(ctx: &Ctx) -> Result<&super::keys::KeyStore, ApiError> {
+    ctx.keys.as_ref().ok_or_else(|| ApiError::new(500, "keys_unavailable", "API key store not loaded"))
+}
+
+fn list_keys(ctx: &Ctx) -> AdminResult {
+    Ok((200, json!({ "keys": key_store(ctx)?.list() })))
+}
+
+fn create_key(ctx: &Ctx, body: &[u8]) -> AdminResult {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(400, "invalid_json", format!("body is not valid JSON: {e}")))?;
+    let name = v
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && n.len() <= 200)
+        .ok_or_else(|| ApiError::new(400, "invalid_name", "`name` must be a non-empty string (at most 200 bytes)"))?;
+    let (record, secret) = key_store(ctx)?.create(name).map_err(|e| ApiError::new(500, "key_store_error", e))?;
+    info!("admin: created API key {} ({})", record.id, record.name);
+    Ok((201, json!({"id": record.id, "name": record.name, "key": secret, "created_unix": record.created_unix})))
+}
+
+fn revoke_key(ctx: &Ctx, id: &str) -> AdminResult {
+    match key_store(ctx)?.revoke(id) {
+        Ok(true) => {
+            info!("admin: revoked API key {id}");
+            Ok((200, json!({"id": id, "revoked": true})))
+        }
+        Ok(false) => Err(ApiError::new(404, "key_not_found", format!("no API key `{id}`"))),
+        Err(e) => Err(ApiError::new(500, "key_store_error", e)),
+    }
+}
