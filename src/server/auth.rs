@@ -27,9 +27,16 @@ pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, 
     }
     let now = Instant::now();
     if ctx.limiter.is_blocked(ip, now) {
-        return Err(ApiError::new(429, "auth_rate_limited", "too many failed authentications; retry later"));
+        return Err(ApiError::new(
+            429,
+            "auth_rate_limited",
+            "too many failed authentications; retry later",
+        ));
     }
-    let bearer = req.header("authorization").and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
+    let bearer = req
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
     let (secret, header) = match bearer {
         Some(b) => (Some(b), "authorization"),
         None if req.path.starts_with("/v1/messages") => (req.header("x-api-key"), "x-api-key"),
@@ -37,14 +44,25 @@ pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, 
     };
     let Some(secret) = secret.filter(|s| !s.is_empty()) else {
         ctx.http_metrics.auth_failure("api_key");
-        return Err(ApiError::new(401, "missing_api_key", "an API key is required: Authorization: Bearer <key>"));
+        return Err(ApiError::new(
+            401,
+            "missing_api_key",
+            "an API key is required: Authorization: Bearer <key>",
+        ));
     };
     match ctx.keys.as_ref().and_then(|k| k.verify(secret)) {
-        Some(id) => Ok(Caller { key_id: Some(id), consumed_header: Some(header) }),
+        Some(id) => Ok(Caller {
+            key_id: Some(id),
+            consumed_header: Some(header),
+        }),
         None => {
             ctx.limiter.record_failure(ip, now);
             ctx.http_metrics.auth_failure("api_key");
-            Err(ApiError::new(401, "invalid_api_key", "the API key is unknown or revoked"))
+            Err(ApiError::new(
+                401,
+                "invalid_api_key",
+                "the API key is unknown or revoked",
+            ))
         }
     }
 }

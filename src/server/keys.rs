@@ -56,7 +56,10 @@ pub struct KeyStore {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -87,8 +90,16 @@ impl KeyStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
-        let by_hash = keys.iter().enumerate().map(|(i, k)| (k.sha256.clone(), i)).collect();
-        Ok(KeyStore { dir: dir.to_path_buf(), keys: RwLock::new(keys), by_hash: RwLock::new(by_hash) })
+        let by_hash = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.sha256.clone(), i))
+            .collect();
+        Ok(KeyStore {
+            dir: dir.to_path_buf(),
+            keys: RwLock::new(keys),
+            by_hash: RwLock::new(by_hash),
+        })
     }
 
     /// Creates a key; returns its record and the secret (shown once).
@@ -106,7 +117,9 @@ impl KeyStore {
         let mut next = keys.clone();
         next.push(record.clone());
         self.persist(&next)?;
-        self.by_hash.write().insert(record.sha256.clone(), next.len() - 1);
+        self.by_hash
+            .write()
+            .insert(record.sha256.clone(), next.len() - 1);
         *keys = next;
         Ok((record, secret))
     }
@@ -128,7 +141,9 @@ impl KeyStore {
     /// Revokes a key; `Ok(false)` if there is no such key.
     pub fn revoke(&self, id: &str) -> Result<bool, String> {
         let mut keys = self.keys.write();
-        let Some(pos) = keys.iter().position(|k| k.id == id) else { return Ok(false) };
+        let Some(pos) = keys.iter().position(|k| k.id == id) else {
+            return Ok(false);
+        };
         let mut next = keys.clone();
         next[pos].revoked = true;
         self.persist(&next)?;
@@ -149,9 +164,14 @@ impl KeyStore {
     fn persist(&self, keys: &[KeyRecord]) -> Result<(), String> {
         let fail = |what: &str, e: std::io::Error| format!("cannot save API keys ({what}): {e}");
         fs::create_dir_all(&self.dir).map_err(|e| fail("create state dir", e))?;
-        let body = serde_json::to_vec_pretty(&KeyFile { version: 1, keys: keys.to_vec() })
-            .map_err(|e| format!("cannot encode API keys: {e}"))?;
-        let tmp = self.dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+        let body = serde_json::to_vec_pretty(&KeyFile {
+            version: 1,
+            keys: keys.to_vec(),
+        })
+        .map_err(|e| format!("cannot encode API keys: {e}"))?;
+        let tmp = self
+            .dir
+            .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -216,7 +236,10 @@ mod tests {
         fs::write(dir.join(FILE_NAME), b"{\"version\":1,\"keys\":[{\"id\":").unwrap();
         let err = KeyStore::open(&dir).err().unwrap();
         assert!(err.contains("corrupt"), "{err}");
-        assert_eq!(fs::read(dir.join(FILE_NAME)).unwrap(), b"{\"version\":1,\"keys\":[{\"id\":");
+        assert_eq!(
+            fs::read(dir.join(FILE_NAME)).unwrap(),
+            b"{\"version\":1,\"keys\":[{\"id\":"
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -13,7 +13,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 /// Upper bounds (seconds) of the histogram buckets.
-pub const BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+pub const BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
 /// A cumulative-bucket histogram of durations.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -30,7 +32,10 @@ impl Histogram {
             self.counts = vec![0; BUCKETS.len() + 1];
         }
         let secs = d.as_secs_f64();
-        let i = BUCKETS.iter().position(|b| secs <= *b).unwrap_or(BUCKETS.len());
+        let i = BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(BUCKETS.len());
         self.counts[i] += 1;
         self.sum += secs;
         self.count += 1;
@@ -46,10 +51,21 @@ impl Histogram {
         let mut cumulative = 0;
         for (i, bound) in BUCKETS.iter().enumerate() {
             cumulative += self.counts.get(i).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
         }
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", self.count);
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
+            self.count
+        );
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
         let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
         let _ = writeln!(out, "{name}_count{braces} {}", self.count);
     }
@@ -97,8 +113,13 @@ impl HttpMetrics {
     pub fn finished(&self, f: &Finished) {
         let mut m = self.inner.lock();
         let class = format!("{}xx", f.status / 100);
-        *m.requests.entry((f.route.to_string(), f.model.to_string(), class)).or_default() += 1;
-        m.duration.entry(f.route.to_string()).or_default().observe(f.duration);
+        *m.requests
+            .entry((f.route.to_string(), f.model.to_string(), class))
+            .or_default() += 1;
+        m.duration
+            .entry(f.route.to_string())
+            .or_default()
+            .observe(f.duration);
         if let Some(t) = f.first_chunk {
             m.first_chunk.observe(t);
         }
@@ -111,7 +132,12 @@ impl HttpMetrics {
     }
 
     pub fn auth_failure(&self, kind: &str) {
-        *self.inner.lock().auth_failures.entry(kind.to_string()).or_default() += 1;
+        *self
+            .inner
+            .lock()
+            .auth_failures
+            .entry(kind.to_string())
+            .or_default() += 1;
     }
 
     pub fn snapshot(&self) -> HttpInner {
@@ -121,7 +147,10 @@ impl HttpMetrics {
 
 /// Escapes a Prometheus label value.
 pub fn label(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// A Prometheus text-format writer that emits `# HELP`/`# TYPE` once per family.
@@ -131,7 +160,9 @@ pub struct Exposition {
 
 impl Exposition {
     pub fn new() -> Exposition {
-        Exposition { out: String::with_capacity(8192) }
+        Exposition {
+            out: String::with_capacity(8192),
+        }
     }
 
     pub fn family(&mut self, name: &str, kind: &str, help: &str) {
@@ -144,12 +175,18 @@ impl Exposition {
             let _ = writeln!(self.out, "{name} {value}");
             return;
         }
-        let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", label(v))).collect();
+        let l: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+            .collect();
         let _ = writeln!(self.out, "{name}{{{}}} {value}", l.join(","));
     }
 
     pub fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &Histogram) {
-        let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", label(v))).collect();
+        let l: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+            .collect();
         h.render(&mut self.out, name, &l.join(","));
     }
 }

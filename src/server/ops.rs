@@ -38,7 +38,15 @@ fn unavailable() -> ApiError {
 fn write_json(conn: &mut Conn, status: u16, body: &Value, keep_alive: bool) -> bool {
     let body = body.to_string();
     let headers = [("content-type", "application/json")];
-    response::write_full(&mut conn.stream, status, &headers, body.as_bytes(), keep_alive).is_ok() && keep_alive
+    response::write_full(
+        &mut conn.stream,
+        status,
+        &headers,
+        body.as_bytes(),
+        keep_alive,
+    )
+    .is_ok()
+        && keep_alive
 }
 
 /// `GET /metrics`.
@@ -46,60 +54,172 @@ pub fn metrics(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let Some(snapshot) = stats(ctx) else {
         return write_error(conn, Style::OpenAi, &unavailable(), req.keep_alive, None);
     };
-    let text = render(&snapshot, &ctx.http_metrics.snapshot(), ctx.shared.started.elapsed());
+    let text = render(
+        &snapshot,
+        &ctx.http_metrics.snapshot(),
+        ctx.shared.started.elapsed(),
+    );
     let headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")];
-    response::write_full(&mut conn.stream, 200, &headers, text.as_bytes(), req.keep_alive).is_ok() && req.keep_alive
+    response::write_full(
+        &mut conn.stream,
+        200,
+        &headers,
+        text.as_bytes(),
+        req.keep_alive,
+    )
+    .is_ok()
+        && req.keep_alive
 }
 
 /// Renders every metric family in the Prometheus text format.
 pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
     let mut e = Exposition::new();
-    e.family("modelrelay_requests_total", "counter", "Finished client requests by route, model and status class.");
+    e.family(
+        "modelrelay_requests_total",
+        "counter",
+        "Finished client requests by route, model and status class.",
+    );
     for ((route, model, class), n) in &http.requests {
-        e.sample("modelrelay_requests_total", &[("route", route), ("model", model), ("status_class", class)], n);
+        e.sample(
+            "modelrelay_requests_total",
+            &[("route", route), ("model", model), ("status_class", class)],
+            n,
+        );
     }
-    e.family("modelrelay_request_duration_seconds", "histogram", "Client request duration, from request to last byte.");
+    e.family(
+        "modelrelay_request_duration_seconds",
+        "histogram",
+        "Client request duration, from request to last byte.",
+    );
     for (route, h) in &http.duration {
-        e.histogram("modelrelay_request_duration_seconds", &[("route", route)], h);
+        e.histogram(
+            "modelrelay_request_duration_seconds",
+            &[("route", route)],
+            h,
+        );
     }
-    e.family("modelrelay_queue_wait_seconds", "histogram", "Time from arrival to dispatch to a worker.");
+    e.family(
+        "modelrelay_queue_wait_seconds",
+        "histogram",
+        "Time from arrival to dispatch to a worker.",
+    );
     e.histogram("modelrelay_queue_wait_seconds", &[], &s.counters.queue_wait);
-    e.family("modelrelay_time_to_first_chunk_seconds", "histogram", "Time from request to the first streamed byte.");
-    e.histogram("modelrelay_time_to_first_chunk_seconds", &[], &http.first_chunk);
-    e.family("modelrelay_in_flight", "gauge", "Requests dispatched to a worker and not finished.");
+    e.family(
+        "modelrelay_time_to_first_chunk_seconds",
+        "histogram",
+        "Time from request to the first streamed byte.",
+    );
+    e.histogram(
+        "modelrelay_time_to_first_chunk_seconds",
+        &[],
+        &http.first_chunk,
+    );
+    e.family(
+        "modelrelay_in_flight",
+        "gauge",
+        "Requests dispatched to a worker and not finished.",
+    );
     e.sample("modelrelay_in_flight", &[], s.gauges.in_flight);
-    e.family("modelrelay_queue_depth", "gauge", "Requests waiting for a worker.");
+    e.family(
+        "modelrelay_queue_depth",
+        "gauge",
+        "Requests waiting for a worker.",
+    );
     e.sample("modelrelay_queue_depth", &[], s.gauges.queue_depth);
-    e.family("modelrelay_workers_connected", "gauge", "Registered workers.");
+    e.family(
+        "modelrelay_workers_connected",
+        "gauge",
+        "Registered workers.",
+    );
     e.sample("modelrelay_workers_connected", &[], s.gauges.workers);
-    e.family("modelrelay_worker_slots", "gauge", "Worker concurrency slots, total and used.");
-    e.sample("modelrelay_worker_slots", &[("state", "total")], s.slots_total);
-    e.sample("modelrelay_worker_slots", &[("state", "used")], s.slots_used);
-    e.family("modelrelay_dispatched_total", "counter", "Dispatches to workers (requeues count again).");
+    e.family(
+        "modelrelay_worker_slots",
+        "gauge",
+        "Worker concurrency slots, total and used.",
+    );
+    e.sample(
+        "modelrelay_worker_slots",
+        &[("state", "total")],
+        s.slots_total,
+    );
+    e.sample(
+        "modelrelay_worker_slots",
+        &[("state", "used")],
+        s.slots_used,
+    );
+    e.family(
+        "modelrelay_dispatched_total",
+        "counter",
+        "Dispatches to workers (requeues count again).",
+    );
     e.sample("modelrelay_dispatched_total", &[], s.counters.dispatched);
-    e.family("modelrelay_requeues_total", "counter", "Requests put back in the queue after their worker was lost.");
+    e.family(
+        "modelrelay_requeues_total",
+        "counter",
+        "Requests put back in the queue after their worker was lost.",
+    );
     e.sample("modelrelay_requeues_total", &[], s.counters.requeued);
-    e.family("modelrelay_cancels_total", "counter", "Cancelled requests by reason.");
+    e.family(
+        "modelrelay_cancels_total",
+        "counter",
+        "Cancelled requests by reason.",
+    );
     for (reason, n) in &s.counters.cancelled_by {
         e.sample("modelrelay_cancels_total", &[("reason", reason)], n);
     }
-    e.family("modelrelay_failures_total", "counter", "Failed requests by reason.");
+    e.family(
+        "modelrelay_failures_total",
+        "counter",
+        "Failed requests by reason.",
+    );
     for (reason, n) in &s.counters.failed_by {
         e.sample("modelrelay_failures_total", &[("reason", reason)], n);
     }
-    e.family("modelrelay_heartbeat_timeouts_total", "counter", "Workers dropped for missing heartbeats.");
-    e.sample("modelrelay_heartbeat_timeouts_total", &[], s.counters.heartbeat_timeouts);
-    e.family("modelrelay_auth_failures_total", "counter", "Failed authentications by kind.");
+    e.family(
+        "modelrelay_heartbeat_timeouts_total",
+        "counter",
+        "Workers dropped for missing heartbeats.",
+    );
+    e.sample(
+        "modelrelay_heartbeat_timeouts_total",
+        &[],
+        s.counters.heartbeat_timeouts,
+    );
+    e.family(
+        "modelrelay_auth_failures_total",
+        "counter",
+        "Failed authentications by kind.",
+    );
     for (kind, n) in &http.auth_failures {
         e.sample("modelrelay_auth_failures_total", &[("kind", kind)], n);
     }
-    e.family("modelrelay_tokens_total", "counter", "Tokens reported by backends, by model and direction.");
+    e.family(
+        "modelrelay_tokens_total",
+        "counter",
+        "Tokens reported by backends, by model and direction.",
+    );
     for (model, (input, output)) in &s.counters.tokens {
-        e.sample("modelrelay_tokens_total", &[("model", model), ("direction", "in")], input);
-        e.sample("modelrelay_tokens_total", &[("model", model), ("direction", "out")], output);
+        e.sample(
+            "modelrelay_tokens_total",
+            &[("model", model), ("direction", "in")],
+            input,
+        );
+        e.sample(
+            "modelrelay_tokens_total",
+            &[("model", model), ("direction", "out")],
+            output,
+        );
     }
-    e.family("modelrelay_uptime_seconds", "gauge", "Seconds since the server started.");
-    e.sample("modelrelay_uptime_seconds", &[], format!("{:.3}", uptime.as_secs_f64()));
+    e.family(
+        "modelrelay_uptime_seconds",
+        "gauge",
+        "Seconds since the server started.",
+    );
+    e.sample(
+        "modelrelay_uptime_seconds",
+        &[],
+        format!("{:.3}", uptime.as_secs_f64()),
+    );
     e.out
 }
 
@@ -118,7 +238,11 @@ pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         ("GET", ["keys"]) => list_keys(ctx),
         ("POST", ["keys"]) => create_key(ctx, &req.body),
         ("DELETE", ["keys", id]) => revoke_key(ctx, id),
-        _ => Err(ApiError::new(404, "not_found", format!("no admin route for {} {}", req.method, req.path))),
+        _ => Err(ApiError::new(
+            404,
+            "not_found",
+            format!("no admin route for {} {}", req.method, req.path),
+        )),
     };
     match result {
         Ok((status, body)) => write_json(conn, status, &body, keep),
@@ -128,19 +252,34 @@ pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
 
 fn check_admin(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<(), ApiError> {
     let Some(token) = &ctx.cfg.admin_token else {
-        return Err(ApiError::new(403, "admin_disabled", "admin API disabled: set MODELRELAY_ADMIN_TOKEN"));
+        return Err(ApiError::new(
+            403,
+            "admin_disabled",
+            "admin API disabled: set MODELRELAY_ADMIN_TOKEN",
+        ));
     };
     if ctx.limiter.is_blocked(ip, Instant::now()) {
-        return Err(ApiError::new(429, "auth_rate_limited", "too many failed authentications; retry later"));
+        return Err(ApiError::new(
+            429,
+            "auth_rate_limited",
+            "too many failed authentications; retry later",
+        ));
     }
-    let given = req.header("authorization").and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let given = req
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
     if secrets_match(given.trim(), token) {
         return Ok(());
     }
     ctx.limiter.record_failure(ip, Instant::now());
     ctx.http_metrics.auth_failure("admin");
     warn!("admin authentication failed from {ip}");
-    Err(ApiError::new(401, "invalid_admin_token", "missing or wrong admin token"))
+    Err(ApiError::new(
+        401,
+        "invalid_admin_token",
+        "missing or wrong admin token",
+    ))
 }
 
 type AdminResult = Result<(u16, Value), ApiError>;
@@ -166,15 +305,22 @@ fn admin_stats(ctx: &Ctx) -> AdminResult {
     let s = stats(ctx).ok_or_else(unavailable)?;
     let http = ctx.http_metrics.snapshot();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let tokens: serde_json::Map<String, Value> =
-        s.counters.tokens.iter().map(|(m, (i, o))| (m.clone(), json!({"in": i, "out": o}))).collect();
+    let tokens: serde_json::Map<String, Value> = s
+        .counters
+        .tokens
+        .iter()
+        .map(|(m, (i, o))| (m.clone(), json!({"in": i, "out": o})))
+        .collect();
     let by_status: serde_json::Map<String, Value> = http
         .requests
         .iter()
-        .fold(std::collections::BTreeMap::<String, u64>::new(), |mut acc, ((_, _, class), n)| {
-            *acc.entry(class.clone()).or_default() += n;
-            acc
-        })
+        .fold(
+            std::collections::BTreeMap::<String, u64>::new(),
+            |mut acc, ((_, _, class), n)| {
+                *acc.entry(class.clone()).or_default() += n;
+                acc
+            },
+        )
         .into_iter()
         .map(|(k, v)| (k, json!(v)))
         .collect();
@@ -219,16 +365,23 @@ fn drain(ctx: &Ctx, id: &str, body: &[u8]) -> AdminResult {
     let timeout = if body.is_empty() {
         None
     } else {
-        let v: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::new(400, "invalid_json", format!("body is not valid JSON: {e}")))?;
-        v.get("drain_timeout_secs").and_then(Value::as_u64).map(Duration::from_secs)
+        let v: Value = serde_json::from_slice(body).map_err(|e| {
+            ApiError::new(400, "invalid_json", format!("body is not valid JSON: {e}"))
+        })?;
+        v.get("drain_timeout_secs")
+            .and_then(Value::as_u64)
+            .map(Duration::from_secs)
     };
     match ask(ctx, Query::Drain { worker, timeout }) {
         Some(Answer::Done(true)) => {
             info!("admin: draining worker {id}");
             Ok((202, json!({"worker": id, "draining": true})))
         }
-        Some(_) => Err(ApiError::new(404, "worker_not_found", format!("no worker `{id}`"))),
+        Some(_) => Err(ApiError::new(
+            404,
+            "worker_not_found",
+            format!("no worker `{id}`"),
+        )),
         None => Err(unavailable()),
     }
 }
@@ -241,7 +394,9 @@ fn refresh(ctx: &Ctx) -> AdminResult {
 }
 
 fn key_store(ctx: &Ctx) -> Result<&super::keys::KeyStore, ApiError> {
-    ctx.keys.as_ref().ok_or_else(|| ApiError::new(500, "keys_unavailable", "API key store not loaded"))
+    ctx.keys
+        .as_ref()
+        .ok_or_else(|| ApiError::new(500, "keys_unavailable", "API key store not loaded"))
 }
 
 fn list_keys(ctx: &Ctx) -> AdminResult {
@@ -256,10 +411,21 @@ fn create_key(ctx: &Ctx, body: &[u8]) -> AdminResult {
         .and_then(Value::as_str)
         .map(str::trim)
         .filter(|n| !n.is_empty() && n.len() <= 200)
-        .ok_or_else(|| ApiError::new(400, "invalid_name", "`name` must be a non-empty string (at most 200 bytes)"))?;
-    let (record, secret) = key_store(ctx)?.create(name).map_err(|e| ApiError::new(500, "key_store_error", e))?;
+        .ok_or_else(|| {
+            ApiError::new(
+                400,
+                "invalid_name",
+                "`name` must be a non-empty string (at most 200 bytes)",
+            )
+        })?;
+    let (record, secret) = key_store(ctx)?
+        .create(name)
+        .map_err(|e| ApiError::new(500, "key_store_error", e))?;
     info!("admin: created API key {} ({})", record.id, record.name);
-    Ok((201, json!({"id": record.id, "name": record.name, "key": secret, "created_unix": record.created_unix})))
+    Ok((
+        201,
+        json!({"id": record.id, "name": record.name, "key": secret, "created_unix": record.created_unix}),
+    ))
 }
 
 fn revoke_key(ctx: &Ctx, id: &str) -> AdminResult {
@@ -268,7 +434,11 @@ fn revoke_key(ctx: &Ctx, id: &str) -> AdminResult {
             info!("admin: revoked API key {id}");
             Ok((200, json!({"id": id, "revoked": true})))
         }
-        Ok(false) => Err(ApiError::new(404, "key_not_found", format!("no API key `{id}`"))),
+        Ok(false) => Err(ApiError::new(
+            404,
+            "key_not_found",
+            format!("no API key `{id}`"),
+        )),
         Err(e) => Err(ApiError::new(500, "key_store_error", e)),
     }
 }

@@ -58,7 +58,10 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
     let headers: HeaderMap = req
         .headers
         .iter()
-        .filter(|(name, _)| FORWARDED_HEADERS.contains(&name.as_str()) && Some(name.as_str()) != caller.consumed_header)
+        .filter(|(name, _)| {
+            FORWARDED_HEADERS.contains(&name.as_str())
+                && Some(name.as_str()) != caller.consumed_header
+        })
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();
     let id = ctx.next_request_id();
@@ -169,7 +172,10 @@ impl Session<'_> {
 
     fn client_gone(&mut self) -> bool {
         debug!("request {}: client hung up", self.wire);
-        let _ = self.ctx.inputs.send(Input::Event(Event::ClientGone(self.id)));
+        let _ = self
+            .ctx
+            .inputs
+            .send(Input::Event(Event::ClientGone(self.id)));
         if self.status == 0 {
             self.status = 499;
         }
@@ -193,7 +199,10 @@ impl Session<'_> {
     /// One access-log line and one metrics record per request.
     fn record(&self, outcome: &str) {
         let duration = self.started.elapsed();
-        let wait = self.queue_wait.map(|w| w.as_millis().to_string()).unwrap_or_else(|| "-".into());
+        let wait = self
+            .queue_wait
+            .map(|w| w.as_millis().to_string())
+            .unwrap_or_else(|| "-".into());
         info!(
             "request {} {} model={} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
             self.wire,
@@ -219,14 +228,21 @@ impl Session<'_> {
     }
 
     fn queue_wait_ms(&self) -> String {
-        self.queue_wait.unwrap_or_else(|| self.started.elapsed()).as_millis().to_string()
+        self.queue_wait
+            .unwrap_or_else(|| self.started.elapsed())
+            .as_millis()
+            .to_string()
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
         let framing = match self.framing {
             Some(f) => f,
             None => {
-                let f = if self.http10 { Framing::UntilClose } else { Framing::Chunked };
+                let f = if self.http10 {
+                    Framing::UntilClose
+                } else {
+                    Framing::Chunked
+                };
                 let wait = self.queue_wait_ms();
                 let headers = [
                     ("content-type", "text/event-stream"),
@@ -252,7 +268,12 @@ impl Session<'_> {
                 let e = ApiError::from_failure(&f, queue_timeout);
                 self.status = e.status;
                 let wait = self.queue_wait_ms();
-                buf.extend_from_slice(&error_response(self.style, &e, self.keep_alive, &[("x-request-id", &self.wire), ("x-queue-wait-ms", &wait)]));
+                buf.extend_from_slice(&error_response(
+                    self.style,
+                    &e,
+                    self.keep_alive,
+                    &[("x-request-id", &self.wire), ("x-queue-wait-ms", &wait)],
+                ));
             }
             (Some(framing), ClientEvent::Complete(rc)) => {
                 self.note_tokens(&rc);
@@ -271,30 +292,55 @@ impl Session<'_> {
 
     fn note_tokens(&mut self, rc: &ResponseComplete) {
         if let Some(t) = &rc.token_counts {
-            self.tokens = (t.prompt_tokens.unwrap_or(0), t.completion_tokens.unwrap_or(0));
+            self.tokens = (
+                t.prompt_tokens.unwrap_or(0),
+                t.completion_tokens.unwrap_or(0),
+            );
         }
     }
 
     /// A complete answer that was not streamed: the worker's status, headers and body.
     fn push_whole(&mut self, buf: &mut Vec<u8>, rc: ResponseComplete) {
         self.note_tokens(&rc);
-        let status = if (100..=599).contains(&rc.status_code) { rc.status_code } else { 502 };
+        let status = if (100..=599).contains(&rc.status_code) {
+            rc.status_code
+        } else {
+            502
+        };
         self.status = status;
         let wait = self.queue_wait_ms();
-        let mut headers: Vec<(&str, &str)> = rc.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        if !rc.headers.keys().any(|k| k.eq_ignore_ascii_case("content-type")) {
+        let mut headers: Vec<(&str, &str)> = rc
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        if !rc
+            .headers
+            .keys()
+            .any(|k| k.eq_ignore_ascii_case("content-type"))
+        {
             headers.push(("content-type", "application/json"));
         }
         headers.push(("x-request-id", self.wire.as_str()));
         headers.push(("x-queue-wait-ms", wait.as_str()));
         let body = rc.body.as_deref().unwrap_or("").as_bytes();
-        buf.extend_from_slice(&response::head(status, &headers, Framing::Length(body.len()), self.keep_alive));
+        buf.extend_from_slice(&response::head(
+            status,
+            &headers,
+            Framing::Length(body.len()),
+            self.keep_alive,
+        ));
         buf.extend_from_slice(body);
     }
 }
 
 /// A complete JSON error response with extra headers.
-pub fn error_response(style: Style, e: &ApiError, keep_alive: bool, extra: &[(&str, &str)]) -> Vec<u8> {
+pub fn error_response(
+    style: Style,
+    e: &ApiError,
+    keep_alive: bool,
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
     let body = e.body(style);
     let retry = e.retry_after.map(|s| s.to_string());
     let mut headers = vec![("content-type", "application/json")];
@@ -308,9 +354,18 @@ pub fn error_response(style: Style, e: &ApiError, keep_alive: bool, extra: &[(&s
 }
 
 /// Writes a JSON error; returns whether the connection may be reused.
-pub fn write_error(conn: &mut Conn, style: Style, e: &ApiError, keep_alive: bool, id: Option<&str>) -> bool {
+pub fn write_error(
+    conn: &mut Conn,
+    style: Style,
+    e: &ApiError,
+    keep_alive: bool,
+    id: Option<&str>,
+) -> bool {
     let extra: Vec<(&str, &str)> = id.map(|id| ("x-request-id", id)).into_iter().collect();
-    conn.stream.write_all(&error_response(style, e, keep_alive, &extra)).is_ok() && keep_alive
+    conn.stream
+        .write_all(&error_response(style, e, keep_alive, &extra))
+        .is_ok()
+        && keep_alive
 }
 
 /// True when the client has closed its end (EOF or error on a non-blocking peek).

@@ -118,7 +118,10 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ClientEvent {
     /// The request reached a worker after waiting this long (sent again on requeue).
-    Dispatched { queue_wait: Duration, worker: String },
+    Dispatched {
+        queue_wait: Duration,
+        worker: String,
+    },
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
     /// The worker finished; final.
@@ -254,7 +257,9 @@ impl Counters {
     pub fn wait_percentile(&self, pct: usize) -> Duration {
         let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();
         v.sort_unstable();
-        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -509,7 +514,13 @@ impl Dispatcher {
         let name = w.name.clone();
         self.actions
             .push(Action::ToWorker(worker, ServerMessage::Request(msg)));
-        self.reply(id, ClientEvent::Dispatched { queue_wait, worker: name });
+        self.reply(
+            id,
+            ClientEvent::Dispatched {
+                queue_wait,
+                worker: name,
+            },
+        );
     }
 
     /// Gives a worker with free slots the oldest queued requests it can serve.
@@ -593,7 +604,11 @@ impl Dispatcher {
             ClientEvent::Complete(rc) => {
                 self.counters.completed += 1;
                 if let Some(t) = &rc.token_counts {
-                    let entry = self.counters.tokens.entry(req.msg.model.clone()).or_default();
+                    let entry = self
+                        .counters
+                        .tokens
+                        .entry(req.msg.model.clone())
+                        .or_default();
                     entry.0 += t.prompt_tokens.unwrap_or(0);
                     entry.1 += t.completion_tokens.unwrap_or(0);
                 }

@@ -42,7 +42,10 @@ pub enum Input {
 pub enum Query {
     Workers,
     Stats,
-    Drain { worker: WorkerId, timeout: Option<std::time::Duration> },
+    Drain {
+        worker: WorkerId,
+        timeout: Option<std::time::Duration>,
+    },
     RefreshModels,
 }
 
@@ -158,7 +161,10 @@ fn answer(core: &mut Dispatcher, query: Query, now: Instant) -> (Answer, Vec<Act
         Query::Workers => (Answer::Workers(worker_infos(core, now)), Vec::new()),
         Query::Stats => {
             let (total, used) = core.registry().iter().fold((0u64, 0u64), |(t, u), w| {
-                (t + u64::from(w.max_concurrent), u + w.in_flight.len() as u64)
+                (
+                    t + u64::from(w.max_concurrent),
+                    u + w.in_flight.len() as u64,
+                )
             });
             let snapshot = StatsSnapshot {
                 counters: core.counters().clone(),
@@ -172,7 +178,13 @@ fn answer(core: &mut Dispatcher, query: Query, now: Instant) -> (Answer, Vec<Act
             if core.registry().get(worker).is_none() {
                 return (Answer::Done(false), Vec::new());
             }
-            let actions = core.handle(Event::DrainWorker { id: worker, timeout }, now);
+            let actions = core.handle(
+                Event::DrainWorker {
+                    id: worker,
+                    timeout,
+                },
+                now,
+            );
             (Answer::Done(true), actions)
         }
         Query::RefreshModels => {

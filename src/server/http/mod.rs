@@ -37,10 +37,14 @@ pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
         };
         let keep_alive = match (req.method.as_str(), req.path.as_str()) {
             ("GET", "/v1/worker/connect") => return worker_socket::accept(conn, req, ctx),
-            ("POST", path) if RELAYED_ROUTES.contains(&path) => match authorize_client(&ctx, &req, peer.ip()) {
-                Ok(caller) => relay::relay(&mut conn, &ctx, req, caller),
-                Err(e) => write_error(&mut conn, Style::for_path(path), &e, req.keep_alive, None),
-            },
+            ("POST", path) if RELAYED_ROUTES.contains(&path) => {
+                match authorize_client(&ctx, &req, peer.ip()) {
+                    Ok(caller) => relay::relay(&mut conn, &ctx, req, caller),
+                    Err(e) => {
+                        write_error(&mut conn, Style::for_path(path), &e, req.keep_alive, None)
+                    }
+                }
+            }
             ("GET", "/v1/models") => match authorize_client(&ctx, &req, peer.ip()) {
                 Ok(_) => models(&mut conn, &ctx, &req),
                 Err(e) => write_error(&mut conn, Style::OpenAi, &e, req.keep_alive, None),
