@@ -17,6 +17,7 @@
 //! alone owns the queue and the registry.
 
 pub mod cli;
+pub mod net;
 pub mod protocol;
 pub mod server;
 pub mod worker;

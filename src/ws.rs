@@ -1,18 +1,19 @@
 //! WebSocket plumbing shared by the server's worker sockets and the worker daemon.
 //!
 //! Each socket has one reader thread and one writer thread, each with its own
-//! [`WebSocketContext`] over its own clone of the `TcpStream`, so a blocked read never
+//! [`WebSocketContext`] over its own clone of the [`Stream`], so a blocked read never
 //! holds up a write. Control replies the reading context produces (pong, close echo) are
 //! captured by [`ReadHalf`] and handed to the writer, so frames never interleave.
 //! Large text messages are split into frames of at most [`FRAME_BYTES`], because
 //! deployed peers refuse frames above 16 MiB.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use serde::Serialize;
+
+use crate::net::Stream;
 
 use tungstenite::protocol::frame::coding::{Data, OpCode};
 use tungstenite::protocol::frame::Frame;
@@ -153,7 +154,7 @@ pub enum Outgoing<M> {
 /// sender is dropped, or until the socket fails. It then closes and shuts the socket
 /// down, which also ends the reader blocked on it.
 pub fn write_loop<M: Serialize>(
-    stream: TcpStream,
+    stream: Stream,
     queue: Receiver<Outgoing<M>>,
     role: Role,
     max: usize,
@@ -183,5 +184,5 @@ pub fn write_loop<M: Serialize>(
         }
     }
     let _ = w.close(close.0, &close.1);
-    let _ = w.stream.shutdown(Shutdown::Both);
+    w.stream.shutdown();
 }

@@ -10,22 +10,7 @@ use std::process::Command;
 
 use modelrelay::cli::Opt;
 
-fn tool_available(name: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{name} is required under CI (.ci/run installs it)"
-        );
-        eprintln!("skipped: {name} not installed");
-    }
-    found
-}
+mod common;
 
 fn check_documented(opts: &[Opt], page: &str) {
     let man = std::fs::read_to_string(page).expect("man page");
@@ -65,7 +50,7 @@ fn every_worker_option_is_in_its_man_page_and_the_readme() {
 
 #[test]
 fn man_pages_render_without_warnings() {
-    if !tool_available("man") {
+    if !common::procs::tool("man") {
         return;
     }
     for page in ["man/modelrelay-server.8", "man/modelrelay-worker.8"] {
@@ -94,7 +79,7 @@ fn man_pages_render_without_warnings() {
 
 #[test]
 fn systemd_units_verify() {
-    if !tool_available("systemd-analyze") {
+    if !common::procs::tool("systemd-analyze") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("modelrelay-units-{}", std::process::id()));

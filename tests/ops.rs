@@ -453,7 +453,7 @@ fn metrics_count_a_known_mix_of_requests_exactly() {
     assert_eq!(stats["tokens_by_model"]["m"], json!({"in": 5, "out": 2}));
     assert!(stats["queue"]["wait_ms"]["p99"].as_f64().is_some());
 
-    if which("promtool") {
+    if common::procs::tool("promtool") {
         let path = std::env::temp_dir().join(format!("mr-metrics-{}.txt", std::process::id()));
         std::fs::write(&path, &text).unwrap();
         let out = Command::new("sh")
@@ -469,23 +469,6 @@ fn metrics_count_a_known_mix_of_requests_exactly() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-}
-
-fn which(tool: &str) -> bool {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is required under CI"
-        );
-        eprintln!("skipped: {tool} not installed");
-    }
-    found
 }
 
 #[test]

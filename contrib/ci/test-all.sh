@@ -13,8 +13,9 @@ step() { echo; echo "== $*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check || status=1
-step "cargo clippy -D warnings"
+step "cargo clippy -D warnings (default features, and without TLS)"
 cargo clippy --all-targets --quiet -- -D warnings || status=1
+cargo clippy --all-targets --quiet --no-default-features -- -D warnings || status=1
 
 step "cargo test"
 cargo test --all-targets 2>&1 | tee "$log"

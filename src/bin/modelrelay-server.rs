@@ -36,15 +36,16 @@ fn main() -> ExitCode {
         }
     };
     let handle = server.shutdown_handle();
-    let signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ]);
-    match signals {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) {
         Ok(mut signals) => {
             std::thread::spawn(move || {
                 let mut seen = 0;
-                for _ in signals.forever() {
+                for signal in signals.forever() {
+                    if signal == SIGHUP {
+                        handle.reload_tls();
+                        continue;
+                    }
                     seen += 1;
                     if seen == 1 {
                         log::info!("signal received: draining (send again to exit at once)");

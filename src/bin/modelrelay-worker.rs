@@ -27,7 +27,10 @@ fn main() -> ExitCode {
         Err(e) => return bad_config(&e.to_string()),
     };
     let drain_timeout = cfg.drain_timeout;
-    let worker = Worker::start(cfg);
+    let worker = match Worker::start(cfg) {
+        Ok(w) => w,
+        Err(e) => return bad_config(&e),
+    };
     let control = worker.control();
     match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,

@@ -107,6 +107,18 @@ pub const OPTIONS: &[Opt] = &[
         help: "directory for the API key file (keys.json)",
     },
     Opt {
+        flag: "tls-cert-file",
+        env: "TLS_CERT_FILE",
+        default: None,
+        help: "PEM certificate chain: serve HTTPS/WSS (needs --tls-key-file; reloaded on SIGHUP)",
+    },
+    Opt {
+        flag: "tls-key-file",
+        env: "TLS_KEY_FILE",
+        default: None,
+        help: "PEM private key for --tls-cert-file",
+    },
+    Opt {
         flag: "log-level",
         env: "LOG_LEVEL",
         default: Some("info"),
@@ -134,6 +146,8 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
     pub require_api_keys: bool,
     pub state_dir: std::path::PathBuf,
+    /// Certificate chain and key files, when the server terminates TLS itself.
+    pub tls: Option<(String, String)>,
 }
 
 impl ServerConfig {
@@ -172,6 +186,20 @@ impl ServerConfig {
             admin_token: s.get("admin-token").map(str::to_string),
             require_api_keys: s.flag_bool("require-api-keys")?,
             state_dir: s.string("state-dir", "/var/lib/modelrelay").into(),
+            tls: tls_files(s)?,
         })
+    }
+}
+
+fn tls_files(s: &Settings) -> Result<Option<(String, String)>, ConfigError> {
+    match (s.get("tls-cert-file"), s.get("tls-key-file")) {
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(ConfigError(
+            "TLS_CERT_FILE and TLS_KEY_FILE go together".into(),
+        )),
+        (Some(c), Some(k)) if cfg!(feature = "tls") => Ok(Some((c.to_string(), k.to_string()))),
+        _ => Err(ConfigError(
+            "this build has no TLS support (rebuild with the `tls` feature)".into(),
+        )),
     }
 }

@@ -52,6 +52,9 @@ pub struct Ctx {
     pub http_metrics: metrics::HttpMetrics,
     /// Client API keys (loaded when admin or key auth is configured).
     pub keys: Option<keys::KeyStore>,
+    /// The TLS configuration new connections use; replaced on reload.
+    #[cfg(feature = "tls")]
+    pub tls: Option<parking_lot::RwLock<Arc<rustls::ServerConfig>>>,
     pub started_unix: u64,
     next_request: AtomicU64,
     next_worker: AtomicU64,
@@ -82,6 +85,20 @@ pub struct ShutdownHandle {
 }
 
 impl ShutdownHandle {
+    /// Re-reads the TLS certificate and key (SIGHUP); existing connections keep theirs.
+    pub fn reload_tls(&self) {
+        #[cfg(feature = "tls")]
+        if let (Some(slot), Some((cert, key))) = (&self.ctx.tls, &self.ctx.cfg.tls) {
+            match crate::net::tls::server_config(cert, key) {
+                Ok(config) => {
+                    *slot.write() = config;
+                    info!("TLS certificate reloaded from {cert}");
+                }
+                Err(e) => log::error!("TLS reload failed, keeping the current certificate: {e}"),
+            }
+        }
+    }
+
     pub fn shutdown(&self) {
         self.ctx.shared.set_shutting_down();
         let timeout = self.ctx.cfg.drain_timeout;
@@ -101,6 +118,14 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     } else {
         None
     };
+    #[cfg(feature = "tls")]
+    let tls = match &cfg.tls {
+        Some((cert, key)) => Some(parking_lot::RwLock::new(
+            crate::net::tls::server_config(cert, key)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?,
+        )),
+        None => None,
+    };
     let listener = TcpListener::bind(&cfg.listen_addr)?;
     let addr = listener.local_addr()?;
     let (inputs, inbox) = crossbeam_channel::unbounded();
@@ -116,6 +141,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::default(),
         keys,
+        #[cfg(feature = "tls")]
+        tls,
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -135,6 +162,9 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         "modelrelay-server {} listening on {addr}",
         env!("CARGO_PKG_VERSION")
     );
+    if ctx.cfg.tls.is_some() {
+        info!("TLS enabled: clients use https://, workers wss:// (SIGHUP reloads the certificate)");
+    }
     Ok(Server {
         addr,
         ctx,
@@ -194,9 +224,20 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
             );
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let e = api::ApiError::new(503, "too_many_connections", "connection limit reached");
-            let _ = stream.write_all(&relay::error_response(api::Style::OpenAi, &e, false, &[]));
+            if ctx.cfg.tls.is_none() {
+                let _ =
+                    stream.write_all(&relay::error_response(api::Style::OpenAi, &e, false, &[]));
+            }
             continue;
         }
+        let stream = match wrap(&ctx, stream) {
+            Ok(s) => s,
+            Err(e) => {
+                ctx.connections.fetch_sub(1, Ordering::AcqRel);
+                warn!("cannot set up TLS for {peer}: {e}");
+                continue;
+            }
+        };
         let conn_ctx = ctx.clone();
         let spawned = std::thread::Builder::new()
             .name("conn".into())
@@ -210,4 +251,15 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
             error!("could not start a connection thread: {e}");
         }
     }
+}
+
+/// Plain or TLS, as configured.
+fn wrap(ctx: &Ctx, sock: std::net::TcpStream) -> std::io::Result<crate::net::Stream> {
+    #[cfg(feature = "tls")]
+    if let Some(slot) = &ctx.tls {
+        let config = slot.read().clone();
+        return crate::net::Stream::tls_server(sock, config);
+    }
+    let _ = ctx;
+    Ok(crate::net::Stream::plain(sock))
 }

@@ -10,8 +10,7 @@
 //! answers a streaming request with an error status gets that status through, not a
 //! `200` stream. Every request ends with one access-log line and one metrics record.
 
-use std::io::{ErrorKind, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -128,7 +127,7 @@ impl Session<'_> {
             let event = match events.recv_timeout(HANGUP_CHECK) {
                 Ok(event) => event,
                 Err(RecvTimeoutError::Timeout) => {
-                    if peer_closed(&self.conn.stream) {
+                    if self.conn.stream.peer_closed() {
                         return self.client_gone();
                     }
                     continue;
@@ -366,19 +365,4 @@ pub fn write_error(
         .write_all(&error_response(style, e, keep_alive, &extra))
         .is_ok()
         && keep_alive
-}
-
-/// True when the client has closed its end (EOF or error on a non-blocking peek).
-fn peer_closed(stream: &TcpStream) -> bool {
-    if stream.set_nonblocking(true).is_err() {
-        return true;
-    }
-    let mut probe = [0u8; 1];
-    let result = stream.peek(&mut probe);
-    let _ = stream.set_nonblocking(false);
-    match result {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != ErrorKind::WouldBlock && e.kind() != ErrorKind::Interrupted,
-    }
 }

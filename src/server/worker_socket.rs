@@ -9,7 +9,6 @@
 //! and skipped; only a broken WebSocket stream ends the session.
 
 use std::io::Write;
-use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +23,7 @@ use super::dispatcher::{Event, WorkerId};
 use super::http::request::{Conn, Request};
 use super::relay::write_error;
 use super::Ctx;
+use crate::net::Stream;
 use crate::protocol::{RegisterMessage, WorkerMessage};
 use crate::ws::{self, close_code, Outgoing, ReadHalf, Writer};
 
@@ -111,7 +111,7 @@ fn check(req: &Request, ctx: &Ctx, ip: std::net::IpAddr) -> Result<(), ApiError>
 }
 
 /// Reads the socket until it ends; the writer thread runs beside it.
-fn serve(stream: TcpStream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
+fn serve(stream: Stream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
     let max = ctx.cfg.max_ws_message_bytes;
     let Ok(read_stream) = stream.try_clone() else {
         return;
@@ -127,7 +127,7 @@ fn serve(stream: TcpStream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
             warn!("worker socket from {remote} closed before registering: {reason}");
             let mut w = Writer::new(stream, Role::Server, max);
             let _ = w.close(close_code::PROTOCOL, &reason);
-            let _ = w.stream.shutdown(Shutdown::Both);
+            w.stream.shutdown();
             return;
         }
     };
@@ -160,7 +160,7 @@ fn serve(stream: TcpStream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
 
 fn read_register(
     rctx: &mut WebSocketContext,
-    reader: &mut ReadHalf<TcpStream>,
+    reader: &mut ReadHalf<Stream>,
 ) -> Result<RegisterMessage, String> {
     loop {
         match rctx.read(reader) {
@@ -182,7 +182,7 @@ fn read_register(
 fn read_loop(
     id: WorkerId,
     rctx: &mut WebSocketContext,
-    reader: &mut ReadHalf<TcpStream>,
+    reader: &mut ReadHalf<Stream>,
     ctx: &Ctx,
     outbound: &crossbeam_channel::Sender<Outbound>,
 ) -> String {

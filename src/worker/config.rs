@@ -81,6 +81,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "largest WebSocket message accepted from the server",
     },
     Opt {
+        flag: "ca-file",
+        env: "CA_FILE",
+        default: None,
+        help: "extra PEM CA certificates to trust for a wss:// server (private CA)",
+    },
+    Opt {
         flag: "log-level",
         env: "LOG_LEVEL",
         default: Some("info"),
@@ -112,12 +118,18 @@ pub struct WorkerConfig {
     pub models_refresh: Duration,
     pub protocol_version: String,
     pub max_ws_message_bytes: usize,
+    pub ca_file: Option<String>,
 }
 
 impl WorkerConfig {
     pub fn from_settings(s: &Settings) -> Result<WorkerConfig, ConfigError> {
         let secret = s.required("worker-secret", "WORKER_SECRET")?;
         let connect_url = connect_url(&s.string("proxy-url", "http://127.0.0.1:8080"))?;
+        if connect_url.starts_with("wss://") && !cfg!(feature = "tls") {
+            return Err(ConfigError(
+                "https:// proxy URLs need a build with the `tls` feature".into(),
+            ));
+        }
         let models = parse_models(s.get("models").unwrap_or("*"));
         let max_concurrency: u32 = s.number("max-concurrency", 1)?;
         if max_concurrency == 0 {
@@ -150,6 +162,7 @@ impl WorkerConfig {
                 .max(Duration::from_secs(1)),
             protocol_version: s.string("protocol-version", BRIDGE_PROTOCOL_VERSION),
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
+            ca_file: s.get("ca-file").map(str::to_string),
         })
     }
 }

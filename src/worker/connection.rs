@@ -3,6 +3,8 @@
 //! plus up to 500 ms of jitter). A refused secret is retried at the slow end.
 
 use std::net::{TcpStream, ToSocketAddrs};
+
+use crate::net::Stream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,13 +87,9 @@ fn jitter() -> Duration {
 }
 
 /// Opens the TCP connection and performs the WebSocket upgrade.
-pub fn dial(shared: &Shared) -> Result<TcpStream, DialError> {
+pub fn dial(shared: &Shared) -> Result<Stream, DialError> {
     let cfg = &shared.cfg;
-    if cfg.connect_url.starts_with("wss://") {
-        return Err(DialError::Other(
-            "wss:// (https) proxy URLs need a build with TLS support".into(),
-        ));
-    }
+    let secure = cfg.connect_url.starts_with("wss://");
     let url = format!("{}?provider={}", cfg.connect_url, encode(&cfg.provider));
     let mut request = url
         .as_str()
@@ -103,16 +101,20 @@ pub fn dial(shared: &Shared) -> Result<TcpStream, DialError> {
         .map_err(|_| DialError::Other("WORKER_SECRET is not a valid header value".into()))?;
     request.headers_mut().insert("x-worker-secret", secret);
     let host = request.uri().host().unwrap_or("127.0.0.1").to_string();
-    let port = request.uri().port_u16().unwrap_or(80);
+    let port = request
+        .uri()
+        .port_u16()
+        .unwrap_or(if secure { 443 } else { 80 });
     let addrs = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| DialError::Other(format!("resolving {host}: {e}")))?;
     let mut last = String::from("no address");
     for addr in addrs {
         match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
-            Ok(stream) => {
-                let _ = stream.set_nodelay(true);
-                let _ = stream.set_read_timeout(Some(CONNECT_TIMEOUT));
+            Ok(sock) => {
+                let _ = sock.set_nodelay(true);
+                let _ = sock.set_read_timeout(Some(CONNECT_TIMEOUT));
+                let stream = wrap(shared, sock, &host)?;
                 return match tungstenite::client::client(request, stream) {
                     Ok((ws, _)) => {
                         let stream = ws.into_inner();
@@ -129,6 +131,17 @@ pub fn dial(shared: &Shared) -> Result<TcpStream, DialError> {
         }
     }
     Err(DialError::Other(last))
+}
+
+/// TLS when the worker has a client configuration (a `wss://` URL), plain otherwise.
+fn wrap(shared: &Shared, sock: TcpStream, host: &str) -> Result<Stream, DialError> {
+    #[cfg(feature = "tls")]
+    if let Some(config) = &shared.tls {
+        return Stream::tls_client(sock, host, config.clone())
+            .map_err(|e| DialError::Other(e.to_string()));
+    }
+    let _ = (shared, host);
+    Ok(Stream::plain(sock))
 }
 
 /// Percent-encodes a query value.

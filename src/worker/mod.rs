@@ -45,6 +45,9 @@ pub struct Shared {
     /// The registered session, when there is one.
     pub session: Mutex<Option<session::Link>>,
     pub control: Sender<Control>,
+    /// TLS client configuration for a `wss://` server.
+    #[cfg(feature = "tls")]
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The backend slots requests run in.
     pub slots: slots::Slots,
     draining: AtomicBool,
@@ -71,8 +74,20 @@ pub struct Worker {
     control_rx: Receiver<Control>,
 }
 
+/// The TLS client configuration, when the server URL is `wss://`.
+#[cfg(feature = "tls")]
+fn tls_config(cfg: &WorkerConfig) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+    if !cfg.connect_url.starts_with("wss://") {
+        return Ok(None);
+    }
+    crate::net::tls::client_config(cfg.ca_file.as_deref()).map(Some)
+}
+
 impl Worker {
-    pub fn start(cfg: WorkerConfig) -> Worker {
+    /// Starts the worker's threads; fails only on an unusable TLS setup (`--ca-file`).
+    pub fn start(cfg: WorkerConfig) -> Result<Worker, String> {
+        #[cfg(feature = "tls")]
+        let tls = tls_config(&cfg)?;
         let (control, control_rx) = crossbeam_channel::unbounded();
         let (drain_tx, drain_wait) = crossbeam_channel::bounded(0);
         let max_body = cfg.max_ws_message_bytes.saturating_sub(1 << 20) / 2;
@@ -86,6 +101,8 @@ impl Worker {
             models: Mutex::new(models),
             session: Mutex::new(None),
             control,
+            #[cfg(feature = "tls")]
+            tls,
             slots: slots::Slots::default(),
             draining: AtomicBool::new(false),
             drain_signal: Mutex::new(Some(drain_tx)),
@@ -108,7 +125,7 @@ impl Worker {
         let _ = std::thread::Builder::new()
             .name("connection".into())
             .spawn(move || connection::run_forever(s));
-        Worker { shared, control_rx }
+        Ok(Worker { shared, control_rx })
     }
 
     pub fn control(&self) -> Sender<Control> {

@@ -3,7 +3,6 @@
 //! write half, so frames never interleave, no lock is held while a read blocks, and a
 //! chunk leaves the moment its slot read it from the backend (no writer thread to wake).
 
-use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
 use super::{Control, Shared};
+use crate::net::Stream;
 use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
 use crate::ws::{self, close_code, ReadHalf, Writer};
 
@@ -21,11 +21,11 @@ pub type Out = Arc<SessionWriter>;
 
 pub struct SessionWriter {
     /// `None` once the socket failed or was closed.
-    writer: Mutex<Option<Writer<TcpStream>>>,
+    writer: Mutex<Option<Writer<Stream>>>,
 }
 
 impl SessionWriter {
-    fn new(stream: TcpStream, max: usize) -> SessionWriter {
+    fn new(stream: Stream, max: usize) -> SessionWriter {
         let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
         SessionWriter {
             writer: Mutex::new(Some(Writer::new(stream, Role::Client, max))),
@@ -47,17 +47,17 @@ impl SessionWriter {
     pub fn close(&self, code: u16, reason: &str) {
         if let Some(mut w) = self.lock().take() {
             let _ = w.close(code, reason);
-            let _ = w.stream.shutdown(Shutdown::Both);
+            w.stream.shutdown();
         }
     }
 
     /// A plain futex mutex: it does not spin-yield, which matters with many writers
     /// on a small box. A poisoned lock is still a usable writer.
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Writer<TcpStream>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Writer<Stream>>> {
         self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn with(&self, op: impl FnOnce(&mut Writer<TcpStream>) -> tungstenite::Result<()>) -> bool {
+    fn with(&self, op: impl FnOnce(&mut Writer<Stream>) -> tungstenite::Result<()>) -> bool {
         let mut guard = self.lock();
         let Some(w) = guard.as_mut() else {
             return false;
@@ -66,7 +66,7 @@ impl SessionWriter {
             return true;
         }
         // A failed write leaves the socket unusable: shut it so the reader ends too.
-        let _ = w.stream.shutdown(Shutdown::Both);
+        w.stream.shutdown();
         *guard = None;
         false
     }
@@ -93,7 +93,7 @@ pub enum End {
 }
 
 /// Registers on a connected socket and serves it until it ends.
-pub fn run(stream: TcpStream, shared: &Arc<Shared>) -> End {
+pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
     let max = shared.cfg.max_ws_message_bytes;
     let (Ok(read_stream), Ok(write_stream)) = (stream.try_clone(), stream.try_clone()) else {
         return End::NotRegistered("cannot clone socket".into());
@@ -153,7 +153,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
 /// Reads the next protocol message, skipping what cannot be parsed.
 fn next_message(
     ctx: &mut WebSocketContext,
-    reader: &mut ReadHalf<TcpStream>,
+    reader: &mut ReadHalf<Stream>,
     out: &Out,
 ) -> Result<ServerMessage, String> {
     loop {
@@ -182,7 +182,7 @@ fn next_message(
 
 fn serve(
     ctx: &mut WebSocketContext,
-    reader: &mut ReadHalf<TcpStream>,
+    reader: &mut ReadHalf<Stream>,
     shared: &Arc<Shared>,
     out: &Out,
 ) -> String {

@@ -195,3 +195,21 @@ pub fn start_worker(server: SocketAddr, backend: SocketAddr, extra: &[(&str, &st
     env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     Proc::spawn(env!("CARGO_BIN_EXE_modelrelay-worker"), &env)
 }
+
+/// Whether a command-line tool is installed; under CI (`CI` set) it must be.
+pub fn tool(name: &str) -> bool {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{name} is required under CI (.ci/run installs it)"
+        );
+        eprintln!("skipped: {name} not installed");
+    }
+    found
+}

@@ -6,7 +6,7 @@
 pub mod request;
 pub mod response;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use log::debug;
@@ -15,10 +15,11 @@ use super::api::{ApiError, Style, RELAYED_ROUTES};
 use super::auth::authorize_client;
 use super::relay::{self, write_error};
 use super::{ops, worker_socket, Ctx};
+use crate::net::Stream;
 use request::{Conn, ReadError, Request};
 
 /// Serves one client connection until it closes or is upgraded.
-pub fn serve(stream: TcpStream, peer: SocketAddr, ctx: Arc<Ctx>) {
+pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
     let _ = stream.set_nodelay(true);
     let mut conn = Conn::new(stream, peer);
     loop {

@@ -1,13 +1,15 @@
 //! Reading one HTTP/1.1 request from a client connection.
 //!
-//! We own the accepted `TcpStream` (tiny_http would hide it, and we need it to notice a
+//! We own the accepted connection (tiny_http would hide it, and we need it to notice a
 //! client that hangs up while its answer is pending). Supported: keep-alive and
 //! pipelining, `Content-Length` and chunked request bodies, `Expect: 100-continue`, limits
 //! on header and body size, an idle timeout between requests and a deadline for a slow
 //! client to finish sending its head.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
+
+use crate::net::Stream;
 use std::time::{Duration, Instant};
 
 /// Size and time limits for reading requests.
@@ -75,7 +77,7 @@ pub enum ReadError {
 /// One client connection with its read buffer (bytes past the current request stay
 /// here for the next one, or for the WebSocket after an upgrade).
 pub struct Conn {
-    pub stream: TcpStream,
+    pub stream: Stream,
     pub peer: SocketAddr,
     buf: Vec<u8>,
 }
@@ -83,7 +85,7 @@ pub struct Conn {
 const READ_CHUNK: usize = 16 * 1024;
 
 impl Conn {
-    pub fn new(stream: TcpStream, peer: SocketAddr) -> Conn {
+    pub fn new(stream: Stream, peer: SocketAddr) -> Conn {
         Conn {
             stream,
             peer,

@@ -1,0 +1,314 @@
+//! [`Stream`]: one TCP connection, plain or TLS, that can be cloned into handles for
+//! different threads (a reader and a writer), like `TcpStream::try_clone`.
+//!
+//! For TLS the rustls session sits behind a mutex shared by the clones. A read blocks on
+//! the socket **without** the lock, then takes it only to decrypt what arrived; a write
+//! takes it to encrypt and send. So a thread blocked reading never holds up a writer,
+//! which is what the socket threads of both binaries rely on.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::time::Duration;
+
+#[cfg(feature = "tls")]
+use std::sync::Arc;
+
+#[cfg(feature = "tls")]
+use parking_lot::Mutex;
+
+/// A connection handle; clones share the connection.
+pub struct Stream {
+    sock: TcpStream,
+    #[cfg(feature = "tls")]
+    tls: Option<Arc<Mutex<TlsState>>>,
+}
+
+#[cfg(feature = "tls")]
+struct TlsState {
+    conn: rustls::Connection,
+    /// Bytes read from the socket that rustls has not taken yet.
+    raw: Vec<u8>,
+    peer_closed: bool,
+}
+
+#[cfg(feature = "tls")]
+const RAW_READ: usize = 16 * 1024;
+
+impl Stream {
+    pub fn plain(sock: TcpStream) -> Stream {
+        Stream {
+            sock,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// A server-side TLS connection; the handshake happens on the first read.
+    #[cfg(feature = "tls")]
+    pub fn tls_server(sock: TcpStream, config: Arc<rustls::ServerConfig>) -> io::Result<Stream> {
+        let conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
+        Ok(Stream::with_tls(sock, conn.into()))
+    }
+
+    /// A client-side TLS connection to `host`; the handshake happens on first use.
+    #[cfg(feature = "tls")]
+    pub fn tls_client(
+        sock: TcpStream,
+        host: &str,
+        config: Arc<rustls::ClientConfig>,
+    ) -> io::Result<Stream> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad TLS server name `{host}`: {e}"),
+            )
+        })?;
+        let conn = rustls::ClientConnection::new(config, name).map_err(io::Error::other)?;
+        Ok(Stream::with_tls(sock, conn.into()))
+    }
+
+    #[cfg(feature = "tls")]
+    fn with_tls(sock: TcpStream, conn: rustls::Connection) -> Stream {
+        let state = TlsState {
+            conn,
+            raw: Vec::new(),
+            peer_closed: false,
+        };
+        Stream {
+            sock,
+            tls: Some(Arc::new(Mutex::new(state))),
+        }
+    }
+
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(Stream {
+            sock: self.sock.try_clone()?,
+            #[cfg(feature = "tls")]
+            tls: self.tls.clone(),
+        })
+    }
+
+    pub fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.peer_addr()
+    }
+
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.sock.set_nodelay(on)
+    }
+
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_read_timeout(t)
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.sock.set_write_timeout(t)
+    }
+
+    /// Closes both directions (a TLS close_notify is attempted first); blocked reads and
+    /// writes on any clone return at once.
+    pub fn shutdown(&self) {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            if let Some(mut st) = tls.try_lock() {
+                st.conn.send_close_notify();
+                let _ = flush_tls(&mut st.conn, &self.sock);
+            }
+        }
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+
+    /// True when the peer has closed its end, checked without blocking and without
+    /// consuming anything a later read would need.
+    pub fn peer_closed(&self) -> bool {
+        if self.sock.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let closed = self.peek_closed();
+        let _ = self.sock.set_nonblocking(false);
+        closed
+    }
+
+    fn peek_closed(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            // TLS data (maybe a close_notify) must go through rustls to be understood;
+            // what it decrypts stays buffered inside it for the next read.
+            let mut tmp = [0u8; RAW_READ];
+            return match (&self.sock).read(&mut tmp) {
+                Ok(0) => true,
+                Ok(n) => {
+                    let mut st = tls.lock();
+                    st.raw.extend_from_slice(&tmp[..n]);
+                    st.pump().is_err() || st.peer_closed
+                }
+                Err(e) => !matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ),
+            };
+        }
+        let mut probe = [0u8; 1];
+        match self.sock.peek(&mut probe) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ),
+        }
+    }
+}
+
+#[cfg(feature = "tls")]
+impl TlsState {
+    /// Feeds buffered socket bytes to rustls as far as it takes them.
+    fn pump(&mut self) -> io::Result<()> {
+        while !self.raw.is_empty() && self.conn.wants_read() {
+            let mut slice = self.raw.as_slice();
+            let n = self.conn.read_tls(&mut slice)?;
+            self.raw.drain(..n);
+            let state = self
+                .conn
+                .process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            if state.peer_has_closed() {
+                self.peer_closed = true;
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(feature = "tls")]
+fn flush_tls(conn: &mut rustls::Connection, sock: &TcpStream) -> io::Result<()> {
+    let mut out = sock;
+    while conn.wants_write() {
+        conn.write_tls(&mut out)?;
+    }
+    Ok(())
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            let mut tmp = vec![0u8; RAW_READ];
+            loop {
+                {
+                    let mut st = tls.lock();
+                    st.pump()?;
+                    match st.conn.reader().read(buf) {
+                        Ok(n) => return Ok(n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                    // Handshake messages or alerts rustls wants to send.
+                    flush_tls(&mut st.conn, &self.sock)?;
+                }
+                // Block on the socket without holding the session lock.
+                let n = (&self.sock).read(&mut tmp)?;
+                if n == 0 {
+                    return Ok(0);
+                }
+                tls.lock().raw.extend_from_slice(&tmp[..n]);
+            }
+        }
+        (&self.sock).read(buf)
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            let mut st = tls.lock();
+            let n = st.conn.writer().write(buf)?;
+            flush_tls(&mut st.conn, &self.sock)?;
+            return Ok(n);
+        }
+        (&self.sock).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            return flush_tls(&mut tls.lock().conn, &self.sock);
+        }
+        Ok(())
+    }
+}
+
+/// TLS configuration loading, for both binaries.
+#[cfg(feature = "tls")]
+pub mod tls {
+    use std::sync::Arc;
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// A server configuration from PEM certificate chain and key files.
+    pub fn server_config(
+        cert_file: &str,
+        key_file: &str,
+    ) -> Result<Arc<rustls::ServerConfig>, String> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_file)
+            .map_err(|e| format!("cannot read TLS_CERT_FILE {cert_file}: {e}"))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("bad certificate in {cert_file}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!("no certificate found in {cert_file}"));
+        }
+        let key = PrivateKeyDer::from_pem_file(key_file)
+            .map_err(|e| format!("cannot read TLS_KEY_FILE {key_file}: {e}"))?;
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("certificate and key do not fit together: {e}"))?;
+        Ok(Arc::new(config))
+    }
+
+    /// A client configuration trusting the built-in Mozilla roots, plus the PEM
+    /// certificates in `ca_file` (for a private CA) when given.
+    pub fn client_config(ca_file: Option<&str>) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        if let Some(path) = ca_file {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read --ca-file {path}: {e}"))?;
+            let mut added = 0;
+            for cert in certs {
+                let cert = cert.map_err(|e| format!("bad certificate in {path}: {e}"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("unusable CA certificate in {path}: {e}"))?;
+                added += 1;
+            }
+            if added == 0 {
+                return Err(format!("no certificate found in {path}"));
+            }
+        }
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Arc::new(config))
+    }
+}
