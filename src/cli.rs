@@ -160,6 +160,40 @@ impl Settings {
     }
 }
 
+/// The common start of both binaries: parses the command line and environment,
+/// answers `--help` / `--version`, sets up logging. `Err` carries the exit code to
+/// return (0 after help/version, 2 with a message on stderr for bad options).
+pub fn start(
+    name: &str,
+    usage: &str,
+    opts: &[Opt],
+    help_extra: &str,
+) -> Result<Settings, std::process::ExitCode> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse(opts, &args, &|k| std::env::var(k).ok()) {
+        Ok(Parsed::Run(s)) => {
+            init_logging(s.get("log-level").unwrap_or("info"));
+            Ok(s)
+        }
+        Ok(Parsed::Help) => {
+            print!("{}", help(usage, opts));
+            println!("\n{help_extra}");
+            Err(std::process::ExitCode::SUCCESS)
+        }
+        Ok(Parsed::Version) => {
+            println!("{name} {}", env!("CARGO_PKG_VERSION"));
+            Err(std::process::ExitCode::SUCCESS)
+        }
+        Err(e) => Err(bad_config(name, &e.to_string())),
+    }
+}
+
+/// Prints a configuration error and returns exit status 2.
+pub fn bad_config(name: &str, message: &str) -> std::process::ExitCode {
+    eprintln!("{name}: {message}");
+    std::process::ExitCode::from(2)
+}
+
 /// Sets up `env_logger` at `level` (the `--log-level`/`LOG_LEVEL` setting); `RUST_LOG`,
 /// when set, wins and allows per-module filters.
 pub fn init_logging(level: &str) {

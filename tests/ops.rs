@@ -264,13 +264,7 @@ fn failed_key_attempts_are_rate_limited_per_ip() {
 fn responses_carry_request_id_and_queue_wait() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.complete(&req.request_id, 200, "{}");
     let r = read_response(&mut client);
@@ -339,13 +333,7 @@ fn metrics_count_a_known_mix_of_requests_exactly() {
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
     // 3 completed (one with token counts), 1 backend 500, 1 client cancel, 1 requeue.
     for i in 0..3 {
-        let mut c = send_request(
-            server.addr,
-            "POST",
-            "/v1/chat/completions",
-            Some(&chat("m", false)),
-            &[],
-        );
+        let mut c = open_chat(server.addr, "m", false);
         let req = worker.request();
         let counts = if i == 0 {
             json!({"prompt_tokens": 5, "completion_tokens": 2})
@@ -355,23 +343,11 @@ fn metrics_count_a_known_mix_of_requests_exactly() {
         worker.send(json!({"type": "response_complete", "request_id": req.request_id, "status_code": 200, "body": "{}", "token_counts": counts}));
         assert_eq!(read_response(&mut c).status, 200);
     }
-    let mut c = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut c = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.complete(&req.request_id, 500, "{}");
     assert_eq!(read_response(&mut c).status, 500);
-    let c = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let c = open_chat(server.addr, "m", false);
     worker.request();
     drop(c);
     assert!(matches!(worker.recv(), ServerMessage::Cancel { .. }));

@@ -74,13 +74,7 @@ fn backend_error_statuses_pass_through_unchanged() {
         (500, r#"{"error":"oom"}"#),
         (503, "busy"),
     ] {
-        let mut client = send_request(
-            server.addr,
-            "POST",
-            "/v1/chat/completions",
-            Some(&chat("m", false)),
-            &[],
-        );
+        let mut client = open_chat(server.addr, "m", false);
         let req = worker.request();
         worker.complete(&req.request_id, status, body);
         let resp = read_response(&mut client);
@@ -92,13 +86,7 @@ fn backend_error_statuses_pass_through_unchanged() {
 fn streaming_chunks_arrive_in_order_byte_for_byte_and_as_they_are_sent() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", true)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", true);
     let req = worker.request();
     assert!(req.is_streaming);
     let mut reader = BufReader::new(&mut client);
@@ -127,13 +115,7 @@ fn streaming_chunks_arrive_in_order_byte_for_byte_and_as_they_are_sent() {
 fn streaming_request_answered_with_an_error_status_gets_that_status() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", true)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", true);
     let req = worker.request();
     worker.complete(&req.request_id, 429, r#"{"error":"slots busy"}"#);
     let resp = read_response(&mut client);
@@ -247,13 +229,7 @@ fn models_lists_the_union_of_connected_non_draining_workers() {
 #[test]
 fn queue_full_is_429_with_retry_after() {
     let server = TestServer::start_with(|c| c.dispatch.max_queue_len = 1);
-    let _queued = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let _queued = open_chat(server.addr, "m", false);
     server.wait_health("one queued", |h| h["queue_depth"] == 1);
     let resp = post(server.addr, "/v1/chat/completions", &chat("m", false));
     assert_eq!(resp.status, 429);
@@ -273,13 +249,7 @@ fn queue_timeout_is_504_and_request_timeout_is_504_with_a_cancel() {
         (504, Some("queue_timeout"))
     );
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     let resp = read_response(&mut client);
     assert_eq!(
@@ -299,13 +269,7 @@ fn queue_timeout_is_504_and_request_timeout_is_504_with_a_cancel() {
 fn request_timeout_mid_stream_ends_with_an_sse_error() {
     let server = TestServer::start_with(|c| c.dispatch.request_timeout = Duration::from_secs(1));
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", true)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", true);
     let req = worker.request();
     worker.chunk(&req.request_id, "data: {\"x\":1}\n\n");
     let resp = read_response(&mut client);
@@ -334,26 +298,14 @@ fn unknown_model_fails_fast_once_the_server_is_older_than_the_queue_timeout() {
 fn worker_error_message_fails_the_request_with_502_and_keeps_the_worker() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.send(json!({"type": "error", "request_id": req.request_id, "code": "backend_unreachable", "message": "connection refused"}));
     let resp = read_response(&mut client);
     assert_eq!(resp.status, 502);
     assert_eq!(resp.json()["error"]["code"], "backend_unreachable");
     // Same worker serves the next request.
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.complete(&req.request_id, 200, "{}");
     assert_eq!(read_response(&mut client).status, 200);

@@ -119,13 +119,7 @@ fn unknown_types_unknown_fields_and_garbage_json_are_ignored() {
     worker.send_text("this is not json");
     worker.send_text(r#"{"type":"response_chunk"}"#);
     worker.send(json!({"type": "pong", "current_load": 0, "future_field": [1, 2]}));
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.send(json!({"type": "response_complete", "request_id": req.request_id, "status_code": 200, "body": "ok", "new_thing": true}));
     assert_eq!(read_response(&mut client).text(), "ok");
@@ -135,13 +129,7 @@ fn unknown_types_unknown_fields_and_garbage_json_are_ignored() {
 fn garbage_frames_close_only_that_worker_and_its_request_is_requeued() {
     let server = TestServer::start();
     let bad = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let first = bad.request();
     let good = FakeWorker::connect(server.addr, &["m"], 1);
     // A frame with reserved opcode 0x3 and no mask: a protocol violation.
@@ -189,13 +177,7 @@ fn pong_load_and_models_update_change_routing_at_once() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
     worker.send(json!({"type": "pong", "current_load": 1}));
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     server.wait_health("request queued behind reported load", |h| {
         h["queue_depth"] == 1
     });
@@ -203,13 +185,7 @@ fn pong_load_and_models_update_change_routing_at_once() {
     let req = worker.request();
     worker.complete(&req.request_id, 200, "{}");
     assert_eq!(read_response(&mut client).status, 200);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("new-model", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "new-model", false);
     server.wait_health("queued for unknown model", |h| h["queue_depth"] == 1);
     worker.send(json!({"type": "models_update", "models": ["m", "new-model"], "current_load": 0}));
     let req = worker.request();
@@ -221,24 +197,12 @@ fn pong_load_and_models_update_change_routing_at_once() {
 #[test]
 fn client_hangup_while_queued_removes_the_request() {
     let server = TestServer::start();
-    let client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let client = open_chat(server.addr, "m", false);
     server.wait_health("queued", |h| h["queue_depth"] == 1);
     drop(client);
     server.wait_health("removed from queue", |h| h["queue_depth"] == 0);
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.complete(&req.request_id, 200, "second");
     assert_eq!(
@@ -265,25 +229,13 @@ fn client_hangup_in_flight_and_mid_stream_sends_cancel_and_drops_late_chunks() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
     // Non-streaming answer pending.
-    let client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let client = open_chat(server.addr, "m", false);
     let req = worker.request();
     drop(client);
     let waited = expect_cancel(&worker, &req.request_id);
     eprintln!("cancel after hangup (non-streaming): {waited:?}");
     // Mid-stream.
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", true)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", true);
     let req = worker.request();
     worker.chunk(&req.request_id, "data: 1\n\n");
     let mut buf = [0u8; 64];
@@ -292,13 +244,7 @@ fn client_hangup_in_flight_and_mid_stream_sends_cancel_and_drops_late_chunks() {
     expect_cancel(&worker, &req.request_id);
     // Late chunks for the cancelled request go nowhere; the slot is free again.
     worker.chunk(&req.request_id, "data: late\n\n");
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let next = worker.request();
     worker.complete(&next.request_id, 200, "fresh");
     assert_eq!(read_response(&mut client).text(), "fresh");
@@ -309,25 +255,13 @@ fn capacity_is_intact_after_many_unacknowledged_cancels() {
     let server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
     for _ in 0..25 {
-        let client = send_request(
-            server.addr,
-            "POST",
-            "/v1/chat/completions",
-            Some(&chat("m", false)),
-            &[],
-        );
+        let client = open_chat(server.addr, "m", false);
         let req = worker.request();
         drop(client);
         expect_cancel(&worker, &req.request_id);
     }
     server.wait_health("nothing in flight", |h| h["in_flight"] == 0);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     worker.complete(&req.request_id, 200, "still works");
     assert_eq!(read_response(&mut client).text(), "still works");
@@ -337,13 +271,7 @@ fn capacity_is_intact_after_many_unacknowledged_cancels() {
 fn worker_death_before_first_byte_requeues_to_another_worker() {
     let server = TestServer::start();
     let a = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let first = a.request();
     let b = FakeWorker::connect(server.addr, &["m"], 1);
     a.kill();
@@ -356,13 +284,7 @@ fn worker_death_before_first_byte_requeues_to_another_worker() {
 #[test]
 fn requeue_exhausted_is_503() {
     let server = TestServer::start();
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     for _ in 0..4 {
         let w = FakeWorker::connect(server.addr, &["m"], 1);
         w.request();
@@ -379,13 +301,7 @@ fn worker_death_mid_stream_ends_the_stream_with_an_error_and_never_splices() {
     let server = TestServer::start();
     let a = FakeWorker::connect(server.addr, &["m"], 1);
     let b = FakeWorker::connect(server.addr, &["m"], 1);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", true)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", true);
     let (streaming, idle) = match (a.recv_within(Duration::from_secs(2)), ()) {
         (Some(ServerMessage::Request(r)), ()) => ((a, r), b),
         _ => {
@@ -412,13 +328,7 @@ fn worker_death_mid_stream_ends_the_stream_with_an_error_and_never_splices() {
 fn shutdown_refuses_new_work_drains_in_flight_then_finishes() {
     let mut server = TestServer::start();
     let worker = FakeWorker::connect(server.addr, &["m"], 2);
-    let mut client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat("m", false)),
-        &[],
-    );
+    let mut client = open_chat(server.addr, "m", false);
     let req = worker.request();
     let done = server.shutdown();
     match worker.recv() {

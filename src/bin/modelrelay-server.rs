@@ -4,25 +4,17 @@
 
 use std::process::ExitCode;
 
-use modelrelay::cli::{self, Parsed};
+use modelrelay::cli;
 use modelrelay::server::{self, config, ServerConfig};
 
+const NAME: &str = "modelrelay-server";
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let settings = match cli::parse(config::OPTIONS, &args, &|k| std::env::var(k).ok()) {
-        Ok(Parsed::Run(s)) => s,
-        Ok(Parsed::Help) => {
-            print!("{}", cli::help(config::USAGE, config::OPTIONS));
-            println!("\nSignals: SIGTERM/SIGINT drain in-flight requests (DRAIN_TIMEOUT_SECS), then exit 0.\nLogging: LOG_LEVEL or RUST_LOG (error, warn, info, debug, trace).");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Parsed::Version) => {
-            println!("modelrelay-server {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => return bad_config(&e.to_string()),
+    let help = "Signals: SIGTERM/SIGINT drain in-flight requests (DRAIN_TIMEOUT_SECS), then exit 0; SIGHUP reloads the TLS certificate.\nLogging: LOG_LEVEL or RUST_LOG (error, warn, info, debug, trace).";
+    let settings = match cli::start(NAME, config::USAGE, config::OPTIONS, help) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
-    cli::init_logging(settings.get("log-level").unwrap_or("info"));
     let cfg = match ServerConfig::from_settings(&settings) {
         Ok(cfg) => cfg,
         Err(e) => return bad_config(&e.to_string()),
@@ -63,6 +55,5 @@ fn main() -> ExitCode {
 }
 
 fn bad_config(message: &str) -> ExitCode {
-    eprintln!("modelrelay-server: {message}");
-    ExitCode::from(2)
+    cli::bad_config(NAME, message)
 }

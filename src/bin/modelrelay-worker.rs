@@ -3,25 +3,17 @@
 
 use std::process::ExitCode;
 
-use modelrelay::cli::{self, Parsed};
+use modelrelay::cli;
 use modelrelay::worker::{config, Control, Worker, WorkerConfig};
 
+const NAME: &str = "modelrelay-worker";
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let settings = match cli::parse(config::OPTIONS, &args, &|k| std::env::var(k).ok()) {
-        Ok(Parsed::Run(s)) => s,
-        Ok(Parsed::Help) => {
-            print!("{}", cli::help(config::USAGE, config::OPTIONS));
-            println!("\nSignals: SIGTERM/SIGINT stop taking work, finish in-flight requests (DRAIN_TIMEOUT_SECS), exit 0.");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Parsed::Version) => {
-            println!("modelrelay-worker {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => return bad_config(&e.to_string()),
+    let help = "Signals: SIGTERM/SIGINT stop taking work, finish in-flight requests (DRAIN_TIMEOUT_SECS), exit 0.";
+    let settings = match cli::start(NAME, config::USAGE, config::OPTIONS, help) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
-    cli::init_logging(settings.get("log-level").unwrap_or("info"));
     let cfg = match WorkerConfig::from_settings(&settings) {
         Ok(cfg) => cfg,
         Err(e) => return bad_config(&e.to_string()),
@@ -58,6 +50,5 @@ fn main() -> ExitCode {
 }
 
 fn bad_config(message: &str) -> ExitCode {
-    eprintln!("modelrelay-worker: {message}");
-    ExitCode::from(2)
+    cli::bad_config(NAME, message)
 }

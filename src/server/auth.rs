@@ -1,5 +1,6 @@
-//! Worker authentication: constant-time secret comparison and a per-IP limiter for
-//! failed attempts, with a bounded table so a flood of addresses cannot grow memory.
+//! Authentication: constant-time secret comparison, the admin token and client API key
+//! checks, and a per-IP limiter for failed attempts (worker secret, admin token, API
+//! key) whose table is bounded so a flood of addresses cannot grow memory.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,13 +19,21 @@ pub fn secrets_match(given: &str, expected: &str) -> bool {
     given.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 
-/// Checks the client API key when `MODELRELAY_REQUIRE_API_KEYS` is on. The key comes
-/// from `Authorization: Bearer` (or `x-api-key` on `/v1/messages`); the header that
-/// carried it is consumed by the relay and not forwarded to the backend.
-pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, ApiError> {
-    if !ctx.cfg.require_api_keys {
-        return Ok(Caller::default());
-    }
+/// The token of an `Authorization: Bearer` header.
+fn bearer(req: &Request) -> Option<&str> {
+    req.header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Refuses an IP that failed too often; otherwise runs `check`, counting a failure
+/// (a missing key is counted but not held against the IP: it is not a guess).
+fn limited<T>(
+    ctx: &Ctx,
+    ip: IpAddr,
+    kind: &str,
+    check: impl FnOnce() -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
     let now = Instant::now();
     if ctx.limiter.is_blocked(ip, now) {
         return Err(ApiError::new(
@@ -33,38 +42,67 @@ pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, 
             "too many failed authentications; retry later",
         ));
     }
-    let bearer = req
-        .header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let (secret, header) = match bearer {
-        Some(b) => (Some(b), "authorization"),
-        None if req.path.starts_with("/v1/messages") => (req.header("x-api-key"), "x-api-key"),
-        None => (None, "authorization"),
-    };
-    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
-        ctx.http_metrics.auth_failure("api_key");
+    check().inspect_err(|e| {
+        ctx.http_metrics.auth_failure(kind);
+        if e.code != "missing_api_key" {
+            ctx.limiter.record_failure(ip, now);
+            log::warn!("{kind} authentication failed from {ip}");
+        }
+    })
+}
+
+/// Checks `Authorization: Bearer <MODELRELAY_ADMIN_TOKEN>` for `/admin/*`: 403 when no
+/// token is configured, 401 when it is missing or wrong.
+pub fn authorize_admin(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<(), ApiError> {
+    let Some(token) = &ctx.cfg.admin_token else {
         return Err(ApiError::new(
-            401,
-            "missing_api_key",
-            "an API key is required: Authorization: Bearer <key>",
+            403,
+            "admin_disabled",
+            "admin API disabled: set MODELRELAY_ADMIN_TOKEN",
         ));
     };
-    match ctx.keys.as_ref().and_then(|k| k.verify(secret)) {
-        Some(id) => Ok(Caller {
-            key_id: Some(id),
-            consumed_header: Some(header),
-        }),
-        None => {
-            ctx.limiter.record_failure(ip, now);
-            ctx.http_metrics.auth_failure("api_key");
-            Err(ApiError::new(
+    limited(ctx, ip, "admin", || match bearer(req) {
+        Some(given) if secrets_match(given, token) => Ok(()),
+        _ => Err(ApiError::new(
+            401,
+            "invalid_admin_token",
+            "missing or wrong admin token",
+        )),
+    })
+}
+
+/// Checks the client API key when `MODELRELAY_REQUIRE_API_KEYS` is on. The key comes
+/// from `Authorization: Bearer` (or `x-api-key` on `/v1/messages`); the header that
+/// carried it is consumed by the relay and not forwarded to the backend.
+pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, ApiError> {
+    if !ctx.cfg.require_api_keys {
+        return Ok(Caller::default());
+    }
+    limited(ctx, ip, "api_key", || {
+        let (secret, header) = match bearer(req) {
+            Some(b) => (Some(b), "authorization"),
+            None if req.path.starts_with("/v1/messages") => (req.header("x-api-key"), "x-api-key"),
+            None => (None, "authorization"),
+        };
+        let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+            return Err(ApiError::new(
+                401,
+                "missing_api_key",
+                "an API key is required: Authorization: Bearer <key>",
+            ));
+        };
+        match ctx.keys.as_ref().and_then(|k| k.verify(secret)) {
+            Some(id) => Ok(Caller {
+                key_id: Some(id),
+                consumed_header: Some(header),
+            }),
+            None => Err(ApiError::new(
                 401,
                 "invalid_api_key",
                 "the API key is unknown or revoked",
-            ))
+            )),
         }
-    }
+    })
 }
 
 #[derive(Debug, Clone, Copy)]

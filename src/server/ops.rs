@@ -3,14 +3,13 @@
 //! `Authorization: Bearer <MODELRELAY_ADMIN_TOKEN>`; without a configured token they
 //! answer 403, with a wrong one 401.
 
-use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use log::{info, warn};
+use log::info;
 use serde_json::{json, Value};
 
 use super::api::{ApiError, Style};
-use super::auth::secrets_match;
+use super::auth::authorize_admin;
 use super::dispatcher::runtime::{Answer, Input, Query, StatsSnapshot};
 use super::http::request::{Conn, Request};
 use super::http::response;
@@ -33,20 +32,6 @@ fn stats(ctx: &Ctx) -> Option<StatsSnapshot> {
 
 fn unavailable() -> ApiError {
     ApiError::new(503, "dispatcher_unavailable", "the relay is shutting down")
-}
-
-fn write_json(conn: &mut Conn, status: u16, body: &Value, keep_alive: bool) -> bool {
-    let body = body.to_string();
-    let headers = [("content-type", "application/json")];
-    response::write_full(
-        &mut conn.stream,
-        status,
-        &headers,
-        body.as_bytes(),
-        keep_alive,
-    )
-    .is_ok()
-        && keep_alive
 }
 
 /// `GET /metrics`.
@@ -226,7 +211,7 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
 /// Everything under `/admin/`.
 pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let keep = req.keep_alive;
-    if let Err(e) = check_admin(ctx, req, conn.peer.ip()) {
+    if let Err(e) = authorize_admin(ctx, req, conn.peer.ip()) {
         return write_error(conn, Style::OpenAi, &e, keep, None);
     }
     let segments: Vec<&str> = req.path.trim_start_matches("/admin/").split('/').collect();
@@ -245,41 +230,9 @@ pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         )),
     };
     match result {
-        Ok((status, body)) => write_json(conn, status, &body, keep),
+        Ok((status, body)) => response::write_json(&mut conn.stream, status, &body, keep),
         Err(e) => write_error(conn, Style::OpenAi, &e, keep, None),
     }
-}
-
-fn check_admin(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<(), ApiError> {
-    let Some(token) = &ctx.cfg.admin_token else {
-        return Err(ApiError::new(
-            403,
-            "admin_disabled",
-            "admin API disabled: set MODELRELAY_ADMIN_TOKEN",
-        ));
-    };
-    if ctx.limiter.is_blocked(ip, Instant::now()) {
-        return Err(ApiError::new(
-            429,
-            "auth_rate_limited",
-            "too many failed authentications; retry later",
-        ));
-    }
-    let given = req
-        .header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if secrets_match(given.trim(), token) {
-        return Ok(());
-    }
-    ctx.limiter.record_failure(ip, Instant::now());
-    ctx.http_metrics.auth_failure("admin");
-    warn!("admin authentication failed from {ip}");
-    Err(ApiError::new(
-        401,
-        "invalid_admin_token",
-        "missing or wrong admin token",
-    ))
 }
 
 type AdminResult = Result<(u16, Value), ApiError>;

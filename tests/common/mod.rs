@@ -440,6 +440,17 @@ pub fn read_chunk(reader: &mut impl BufRead) -> Option<Vec<u8>> {
     (size > 0).then_some(data)
 }
 
+/// Opens a `/v1/chat/completions` request for `model` and returns the connection.
+pub fn open_chat(addr: SocketAddr, model: &str, stream: bool) -> TcpStream {
+    send_request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat(model, stream)),
+        &[],
+    )
+}
+
 pub fn chat(model: &str, stream: bool) -> String {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
         .to_string()

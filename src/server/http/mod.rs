@@ -90,20 +90,6 @@ fn reject_code(status: u16) -> &'static str {
     }
 }
 
-fn write_json(conn: &mut Conn, status: u16, body: &serde_json::Value, keep_alive: bool) -> bool {
-    let body = body.to_string();
-    let headers = [("content-type", "application/json")];
-    response::write_full(
-        &mut conn.stream,
-        status,
-        &headers,
-        body.as_bytes(),
-        keep_alive,
-    )
-    .is_ok()
-        && keep_alive
-}
-
 fn models(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let created = ctx.started_unix;
     let data: Vec<serde_json::Value> = ctx
@@ -112,8 +98,8 @@ fn models(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         .iter()
         .map(|m| serde_json::json!({"id": m, "object": "model", "created": created, "owned_by": ctx.cfg.provider}))
         .collect();
-    write_json(
-        conn,
+    response::write_json(
+        &mut conn.stream,
         200,
         &serde_json::json!({"object": "list", "data": data}),
         req.keep_alive,
@@ -135,5 +121,5 @@ fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         "in_flight": g.in_flight,
         "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
     });
-    write_json(conn, 200, &body, req.keep_alive)
+    response::write_json(&mut conn.stream, 200, &body, req.keep_alive)
 }
