@@ -9,9 +9,11 @@
 //! | module | what it does |
 //! |---|---|
 //! | [`protocol`] | the JSON messages on the worker WebSocket (protocol v1) |
+//! | [`net`] | one connection, plain or TLS, cloneable into reader and writer handles |
 //! | [`ws`] | WebSocket reader/writer split shared by both binaries |
 //! | [`cli`] | option tables: flags, environment variables, `--help` |
-//! | [`server`] | the relay: [`server::http`] front, [`server::relay`] client sessions, [`server::worker_socket`], and the [`server::dispatcher`] state machine that owns all routing state |
+//! | [`server`] | the relay: [`server::http`] front, [`server::relay`] client sessions, [`server::worker_socket`], the [`server::dispatcher`] state machine that owns all routing state, and operator endpoints ([`server::ops`]) |
+//! | [`worker`] | the daemon: dial out, register, backend slots, drain |
 //!
 //! No async runtime: OS threads and crossbeam channels, with one dispatcher thread that
 //! alone owns the queue and the registry.

@@ -1,7 +1,7 @@
 //! Counters and histograms, and their Prometheus text rendering.
 //!
-//! Two owners: the dispatcher keeps request outcomes (in its own [`Counters`]
-//! (super::dispatcher::Counters), plain data like the rest of its state), and the HTTP
+//! Two owners: the dispatcher keeps request outcomes (its `Counters`, plain data like
+//! the rest of its state), and the HTTP
 //! threads keep what they see ([`HttpMetrics`]: requests by route/model/status class,
 //! durations, time to first chunk, auth failures, per-key usage). `/metrics` and
 //! `/admin/stats` combine a snapshot of both.
