@@ -9,6 +9,9 @@ EXAMPLEDIR = $(DESTDIR)$(PREFIX)/share/doc/modelrelay/examples
 MUSL = x86_64-unknown-linux-musl
 STATIC_FLAGS = -C target-feature=+crt-static
 BINS = modelrelay-server modelrelay-worker
+# Extra cargo features, e.g. `make static FEATURES=server-tls` for built-in server HTTPS.
+FEATURES ?=
+FEATURE_FLAGS = $(if $(FEATURES),--features $(FEATURES),)
 
 .PHONY: build release static run test test-rust bench install uninstall clean lint
 
@@ -16,7 +19,7 @@ build:
 	$(CARGO) build
 
 release:
-	$(CARGO) build --release
+	$(CARGO) build --release $(FEATURE_FLAGS)
 
 # Stripped, fully static x86_64 binaries for routers and NAS boxes.
 static:
@@ -24,7 +27,7 @@ static:
 	  { echo "cannot install the $(MUSL) target (rustup target add $(MUSL))" >&2; exit 1; }
 	@command -v musl-gcc >/dev/null || (apt-get install -y musl-tools >/dev/null 2>&1) || \
 	  echo "note: musl-gcc not found (apt-get install musl-tools); trying without it" >&2
-	RUSTFLAGS="$(STATIC_FLAGS)" $(CARGO) build --release --target $(MUSL) --bins
+	RUSTFLAGS="$(STATIC_FLAGS)" $(CARGO) build --release --target $(MUSL) --bins $(FEATURE_FLAGS)
 	@for b in $(BINS); do \
 	  f=target/$(MUSL)/release/$$b; \
 	  printf '%-22s %8d bytes  %s\n' $$b $$(stat -c %s $$f) "$$(file -b $$f 2>/dev/null | cut -d, -f1-2)"; \

@@ -19,9 +19,25 @@ use parking_lot::Mutex;
 /// A connection handle; clones share the connection.
 pub struct Stream {
     sock: TcpStream,
+    /// The TLS session, behind a trait object so that a binary which never creates one
+    /// (the server built without `server-tls`) links none of rustls.
     #[cfg(feature = "tls")]
-    tls: Option<Arc<Mutex<TlsState>>>,
+    tls: Option<Arc<dyn Tls>>,
 }
+
+/// What [`Stream`] needs from a TLS session.
+#[cfg(feature = "tls")]
+trait Tls: Send + Sync {
+    fn read(&self, sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize>;
+    fn write(&self, sock: &TcpStream, buf: &[u8]) -> io::Result<usize>;
+    fn flush(&self, sock: &TcpStream) -> io::Result<()>;
+    /// Non-blocking: has the peer closed (EOF or close_notify)?
+    fn peek_closed(&self, sock: &TcpStream) -> bool;
+    fn close_notify(&self, sock: &TcpStream);
+}
+
+#[cfg(feature = "tls")]
+struct Rustls(Mutex<TlsState>);
 
 #[cfg(feature = "tls")]
 struct TlsState {
@@ -44,7 +60,7 @@ impl Stream {
     }
 
     /// A server-side TLS connection; the handshake happens on the first read.
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "server-tls")]
     pub fn tls_server(sock: TcpStream, config: Arc<rustls::ServerConfig>) -> io::Result<Stream> {
         let conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
         Ok(Stream::with_tls(sock, conn.into()))
@@ -76,7 +92,7 @@ impl Stream {
         };
         Stream {
             sock,
-            tls: Some(Arc::new(Mutex::new(state))),
+            tls: Some(Arc::new(Rustls(Mutex::new(state)))),
         }
     }
 
@@ -116,10 +132,7 @@ impl Stream {
     pub fn shutdown(&self) {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            if let Some(mut st) = tls.try_lock() {
-                st.conn.send_close_notify();
-                let _ = flush_tls(&mut st.conn, &self.sock);
-            }
+            tls.close_notify(&self.sock);
         }
         let _ = self.sock.shutdown(Shutdown::Both);
     }
@@ -138,32 +151,22 @@ impl Stream {
     fn peek_closed(&self) -> bool {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            // TLS data (maybe a close_notify) must go through rustls to be understood;
-            // what it decrypts stays buffered inside it for the next read.
-            let mut tmp = [0u8; RAW_READ];
-            return match (&self.sock).read(&mut tmp) {
-                Ok(0) => true,
-                Ok(n) => {
-                    let mut st = tls.lock();
-                    st.raw.extend_from_slice(&tmp[..n]);
-                    st.pump().is_err() || st.peer_closed
-                }
-                Err(e) => !matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ),
-            };
+            return tls.peek_closed(&self.sock);
         }
         let mut probe = [0u8; 1];
         match self.sock.peek(&mut probe) {
             Ok(0) => true,
             Ok(_) => false,
-            Err(e) => !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ),
+            Err(e) => !is_would_block(&e),
         }
     }
+}
+
+fn is_would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
 }
 
 #[cfg(feature = "tls")]
@@ -187,41 +190,81 @@ impl TlsState {
         }
         Ok(())
     }
+
+    /// Sends whatever TLS records rustls has ready.
+    fn flush(&mut self, sock: &TcpStream) -> io::Result<()> {
+        let mut out = sock;
+        while self.conn.wants_write() {
+            self.conn.write_tls(&mut out)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(feature = "tls")]
-fn flush_tls(conn: &mut rustls::Connection, sock: &TcpStream) -> io::Result<()> {
-    let mut out = sock;
-    while conn.wants_write() {
-        conn.write_tls(&mut out)?;
+impl Tls for Rustls {
+    fn read(&self, sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+        let mut tmp = vec![0u8; RAW_READ];
+        loop {
+            {
+                let mut st = self.0.lock();
+                st.pump()?;
+                match st.conn.reader().read(buf) {
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                // Handshake messages or alerts rustls wants to send.
+                st.flush(sock)?;
+            }
+            // Block on the socket without holding the session lock.
+            let n = (&*sock).read(&mut tmp)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            self.0.lock().raw.extend_from_slice(&tmp[..n]);
+        }
     }
-    Ok(())
+
+    fn write(&self, sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+        let mut st = self.0.lock();
+        let n = st.conn.writer().write(buf)?;
+        st.flush(sock)?;
+        Ok(n)
+    }
+
+    fn flush(&self, sock: &TcpStream) -> io::Result<()> {
+        self.0.lock().flush(sock)
+    }
+
+    fn peek_closed(&self, sock: &TcpStream) -> bool {
+        // TLS data (maybe a close_notify) must go through rustls to be understood; what
+        // it decrypts stays buffered inside it for the next read.
+        let mut tmp = [0u8; RAW_READ];
+        match (&*sock).read(&mut tmp) {
+            Ok(0) => true,
+            Ok(n) => {
+                let mut st = self.0.lock();
+                st.raw.extend_from_slice(&tmp[..n]);
+                st.pump().is_err() || st.peer_closed
+            }
+            Err(e) => !is_would_block(&e),
+        }
+    }
+
+    fn close_notify(&self, sock: &TcpStream) {
+        if let Some(mut st) = self.0.try_lock() {
+            st.conn.send_close_notify();
+            let _ = st.flush(sock);
+        }
+    }
 }
 
 impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            let mut tmp = vec![0u8; RAW_READ];
-            loop {
-                {
-                    let mut st = tls.lock();
-                    st.pump()?;
-                    match st.conn.reader().read(buf) {
-                        Ok(n) => return Ok(n),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
-                    // Handshake messages or alerts rustls wants to send.
-                    flush_tls(&mut st.conn, &self.sock)?;
-                }
-                // Block on the socket without holding the session lock.
-                let n = (&self.sock).read(&mut tmp)?;
-                if n == 0 {
-                    return Ok(0);
-                }
-                tls.lock().raw.extend_from_slice(&tmp[..n]);
-            }
+            return tls.read(&self.sock, buf);
         }
         (&self.sock).read(buf)
     }
@@ -231,10 +274,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            let mut st = tls.lock();
-            let n = st.conn.writer().write(buf)?;
-            flush_tls(&mut st.conn, &self.sock)?;
-            return Ok(n);
+            return tls.write(&self.sock, buf);
         }
         (&self.sock).write(buf)
     }
@@ -242,7 +282,7 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            return flush_tls(&mut tls.lock().conn, &self.sock);
+            return tls.flush(&self.sock);
         }
         Ok(())
     }
@@ -254,13 +294,14 @@ pub mod tls {
     use std::sync::Arc;
 
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use rustls::pki_types::CertificateDer;
 
     fn provider() -> Arc<rustls::crypto::CryptoProvider> {
         Arc::new(rustls::crypto::ring::default_provider())
     }
 
     /// A server configuration from PEM certificate chain and key files.
+    #[cfg(feature = "server-tls")]
     pub fn server_config(
         cert_file: &str,
         key_file: &str,
@@ -272,7 +313,7 @@ pub mod tls {
         if certs.is_empty() {
             return Err(format!("no certificate found in {cert_file}"));
         }
-        let key = PrivateKeyDer::from_pem_file(key_file)
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key_file)
             .map_err(|e| format!("cannot read TLS_KEY_FILE {key_file}: {e}"))?;
         let config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()

@@ -1,6 +1,6 @@
 //! Built-in TLS: curl over HTTPS, a worker over WSS trusting a private CA (`--ca-file`),
 //! a clear log line when the worker does not trust the certificate, and SIGHUP reload.
-#![cfg(feature = "tls")]
+#![cfg(feature = "server-tls")]
 
 mod common;
 #[path = "../examples/support/fake_backend.rs"]

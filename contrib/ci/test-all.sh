@@ -13,12 +13,13 @@ step() { echo; echo "== $*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check || status=1
-step "cargo clippy -D warnings (default features, and without TLS)"
+step "cargo clippy -D warnings (default, all and no features)"
 cargo clippy --all-targets --quiet -- -D warnings || status=1
+cargo clippy --all-targets --quiet --all-features -- -D warnings || status=1
 cargo clippy --all-targets --quiet --no-default-features -- -D warnings || status=1
 
-step "cargo test"
-cargo test --all-targets 2>&1 | tee "$log"
+step "cargo test (all features, so the built-in server TLS is tested too)"
+cargo test --all-targets --all-features 2>&1 | tee "$log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 # Pair each "Running <target>" with its "test result" line.
 while IFS= read -r line; do summary+=("$line"); done < <(awk '

@@ -197,9 +197,11 @@ fn tls_files(s: &Settings) -> Result<Option<(String, String)>, ConfigError> {
         (Some(_), None) | (None, Some(_)) => Err(ConfigError(
             "TLS_CERT_FILE and TLS_KEY_FILE go together".into(),
         )),
-        (Some(c), Some(k)) if cfg!(feature = "tls") => Ok(Some((c.to_string(), k.to_string()))),
+        (Some(c), Some(k)) if cfg!(feature = "server-tls") => {
+            Ok(Some((c.to_string(), k.to_string())))
+        }
         _ => Err(ConfigError(
-            "this build has no TLS support (rebuild with the `tls` feature)".into(),
+            "this build has no built-in server TLS (rebuild with `--features server-tls`)".into(),
         )),
     }
 }

@@ -53,7 +53,7 @@ pub struct Ctx {
     /// Client API keys (loaded when admin or key auth is configured).
     pub keys: Option<keys::KeyStore>,
     /// The TLS configuration new connections use; replaced on reload.
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "server-tls")]
     pub tls: Option<parking_lot::RwLock<Arc<rustls::ServerConfig>>>,
     pub started_unix: u64,
     next_request: AtomicU64,
@@ -87,7 +87,7 @@ pub struct ShutdownHandle {
 impl ShutdownHandle {
     /// Re-reads the TLS certificate and key (SIGHUP); existing connections keep theirs.
     pub fn reload_tls(&self) {
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "server-tls")]
         if let (Some(slot), Some((cert, key))) = (&self.ctx.tls, &self.ctx.cfg.tls) {
             match crate::net::tls::server_config(cert, key) {
                 Ok(config) => {
@@ -118,7 +118,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     } else {
         None
     };
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "server-tls")]
     let tls = match &cfg.tls {
         Some((cert, key)) => Some(parking_lot::RwLock::new(
             crate::net::tls::server_config(cert, key)
@@ -141,7 +141,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::default(),
         keys,
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "server-tls")]
         tls,
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -255,7 +255,7 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
 
 /// Plain or TLS, as configured.
 fn wrap(ctx: &Ctx, sock: std::net::TcpStream) -> std::io::Result<crate::net::Stream> {
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "server-tls")]
     if let Some(slot) = &ctx.tls {
         let config = slot.read().clone();
         return crate::net::Stream::tls_server(sock, config);
