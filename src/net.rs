@@ -104,13 +104,6 @@ impl Stream {
         })
     }
 
-    pub fn is_tls(&self) -> bool {
-        #[cfg(feature = "tls")]
-        return self.tls.is_some();
-        #[cfg(not(feature = "tls"))]
-        false
-    }
-
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.sock.peer_addr()
     }

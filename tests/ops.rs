@@ -491,7 +491,12 @@ fn the_key_file_survives_kill_9_during_writes() {
         });
         // Let some writes land, then kill without warning.
         let target = 20 + round * 7;
+        let deadline = std::time::Instant::now() + WAIT;
         while rx.len() < target {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: keys were not being created"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         server.proc.signal("KILL");
@@ -618,4 +623,56 @@ fn access_log_has_one_line_per_request_and_no_secrets() {
         assert!(!log.contains(secret), "a secret leaked into the log");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn connections_beyond_max_connections_get_503() {
+    let server = TestServer::start_with(|c| c.max_connections = 2);
+    let _a = std::net::TcpStream::connect(server.addr).unwrap();
+    let _b = std::net::TcpStream::connect(server.addr).unwrap();
+    let mut third = send_request(server.addr, "GET", "/health", None, &[]);
+    let r = read_response(&mut third);
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"]["code"], "too_many_connections");
+}
+
+#[test]
+fn idle_connections_are_closed_after_the_idle_timeout() {
+    use std::io::Read;
+    let server = TestServer::start_with(|c| c.limits.idle_timeout = Duration::from_millis(300));
+    let mut idle = std::net::TcpStream::connect(server.addr).unwrap();
+    idle.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        idle.read(&mut buf).unwrap(),
+        0,
+        "closed by the server, not by our read timeout"
+    );
+}
+
+#[test]
+fn an_oversized_worker_message_closes_only_that_worker() {
+    let server = TestServer::start_with(|c| c.max_ws_message_bytes = 4096);
+    let big = FakeWorker::connect(server.addr, &["m"], 1);
+    big.send(json!({"type": "telemetry", "blob": "x".repeat(10_000)}));
+    big.closed();
+    server.wait_health("oversized worker dropped", |h| h["workers_connected"] == 0);
+    let ok = FakeWorker::connect(server.addr, &["m"], 1);
+    let mut c = open_chat(server.addr, "m", false);
+    let req = ok.request();
+    ok.complete(&req.request_id, 200, "{}");
+    assert_eq!(read_response(&mut c).status, 200);
+}
+
+#[test]
+fn rejected_inference_requests_carry_a_request_id_too() {
+    let r = {
+        let server = admin_server("rejectid", true);
+        post(server.addr, "/v1/chat/completions", &chat("m", false))
+    };
+    assert_eq!(r.status, 401);
+    assert!(r
+        .header("x-request-id")
+        .is_some_and(|id| id.starts_with("r-")));
+    assert_eq!(r.header("x-queue-wait-ms"), Some("0"));
 }

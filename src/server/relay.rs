@@ -44,14 +44,14 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
     let started = Instant::now();
     let info = match inspect_body(&req.body) {
         Ok(info) => info,
-        Err(e) => return write_error(conn, style, &e, req.keep_alive, None),
+        Err(e) => return reject(conn, ctx, &req.path, &e, req.keep_alive),
     };
     // inspect_body parsed it as JSON, so it is UTF-8; stay defensive anyway.
     let body = match String::from_utf8(req.body) {
         Ok(b) => b,
         Err(_) => {
             let e = ApiError::new(400, "invalid_json", "request body is not UTF-8");
-            return write_error(conn, style, &e, req.keep_alive, None);
+            return reject(conn, ctx, &req.path, &e, req.keep_alive);
         }
     };
     let headers: HeaderMap = req
@@ -331,6 +331,28 @@ impl Session<'_> {
         ));
         buf.extend_from_slice(body);
     }
+}
+
+/// Answers an inference request refused before it reached the dispatcher (bad body,
+/// missing key, ...) like any other: with a request id, metrics and an access line.
+pub fn reject(conn: &mut Conn, ctx: &Ctx, route: &str, e: &ApiError, keep_alive: bool) -> bool {
+    let wire = wire_request_id(ctx.next_request_id());
+    info!(
+        "request {wire} {route} model=- worker=- status={} queue_wait_ms=- duration_ms=0 tokens_in=0 tokens_out=0 outcome=rejected:{}",
+        e.status, e.code
+    );
+    ctx.http_metrics.finished(&Finished {
+        route,
+        model: "-",
+        status: e.status,
+        duration: Duration::ZERO,
+        first_chunk: None,
+        key: None,
+        tokens: (0, 0),
+    });
+    let headers = [("x-request-id", wire.as_str()), ("x-queue-wait-ms", "0")];
+    let response = error_response(Style::for_path(route), e, keep_alive, &headers);
+    conn.stream.write_all(&response).is_ok() && keep_alive
 }
 
 /// A complete JSON error response with extra headers.

@@ -41,9 +41,7 @@ pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
             ("POST", path) if RELAYED_ROUTES.contains(&path) => {
                 match authorize_client(&ctx, &req, peer.ip()) {
                     Ok(caller) => relay::relay(&mut conn, &ctx, req, caller),
-                    Err(e) => {
-                        write_error(&mut conn, Style::for_path(path), &e, req.keep_alive, None)
-                    }
+                    Err(e) => relay::reject(&mut conn, &ctx, path, &e, req.keep_alive),
                 }
             }
             ("GET", "/v1/models") => match authorize_client(&ctx, &req, peer.ip()) {
