@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::protocol::{
-    RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
+    CancelReason, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 
 const S: Duration = Duration::from_secs(1);

@@ -1,0 +1,316 @@
+//! The request lifecycle: submission, queueing, dispatch, completion, cancellation and
+//! timeouts.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use log::{debug, info, warn};
+
+use super::{
+    parse_request_id, Action, ClientEvent, Dispatcher, DrainState, Failure, Phase, Request,
+    RequestId, Stage, Timer, WorkerId,
+};
+use crate::protocol::{CancelReason, RequestMessage, ServerMessage};
+
+impl Dispatcher {
+    pub(super) fn submit(&mut self, id: RequestId, msg: Arc<RequestMessage>, now: Instant) {
+        if self.phase != Phase::Running {
+            return self.fail(id, Failure::ShuttingDown);
+        }
+        if self.model_is_unknown(&msg.model, now) {
+            let available = self.registry.routable_models();
+            info!(
+                "request {} rejected: model `{}` not found",
+                msg.request_id, msg.model
+            );
+            let model = msg.model.clone();
+            return self.fail(id, Failure::ModelNotFound { model, available });
+        }
+        if let Some(worker) = self.registry.pick(&msg.model) {
+            let deadline = now + self.cfg.request_timeout;
+            self.requests.insert(
+                id,
+                Request {
+                    msg,
+                    arrived: now,
+                    requeues: 0,
+                    stage: Stage::Queued,
+                    deadline,
+                    timer_at: deadline,
+                },
+            );
+            return self.assign(id, worker, now);
+        }
+        if self.queue.len() >= self.cfg.max_queue_len {
+            warn!(
+                "queue full ({} waiting): request {} rejected",
+                self.queue.len(),
+                msg.request_id
+            );
+            return self.fail(id, Failure::QueueFull);
+        }
+        debug!(
+            "request {} queued for model `{}`",
+            msg.request_id, msg.model
+        );
+        self.enqueue(id, msg, now, 0, now);
+    }
+
+    /// A model nobody advertised for a whole queue-timeout window (after the server has
+    /// been up that long) fails fast instead of waiting in the queue.
+    pub(super) fn model_is_unknown(&self, model: &str, now: Instant) -> bool {
+        let window = self.cfg.queue_timeout;
+        if now.saturating_duration_since(self.started) <= window || self.registry.advertises(model)
+        {
+            return false;
+        }
+        match self.model_seen.get(model) {
+            Some(seen) => now.saturating_duration_since(*seen) > window,
+            None => true,
+        }
+    }
+
+    pub(super) fn enqueue(
+        &mut self,
+        id: RequestId,
+        msg: Arc<RequestMessage>,
+        arrived: Instant,
+        requeues: u32,
+        now: Instant,
+    ) {
+        let deadline = now + self.cfg.queue_timeout;
+        self.queue.insert(id, arrived, msg.clone());
+        self.requests.insert(
+            id,
+            Request {
+                msg,
+                arrived,
+                requeues,
+                stage: Stage::Queued,
+                deadline,
+                timer_at: deadline,
+            },
+        );
+        self.timers.insert((deadline, Timer::Request(id)));
+    }
+
+    pub(super) fn client_gone(&mut self, id: RequestId, now: Instant) {
+        let Some(req) = self.requests.remove(&id) else {
+            return;
+        };
+        self.unschedule(id, req.timer_at);
+        self.counters.cancelled(CancelReason::ClientDisconnect);
+        match req.stage {
+            Stage::Queued => {
+                self.queue.remove(id);
+                info!(
+                    "request {} cancelled while queued (client_disconnect)",
+                    req.msg.request_id
+                );
+            }
+            Stage::InFlight { worker, .. } => {
+                info!(
+                    "request {} cancelled (client_disconnect), worker w-{worker}",
+                    req.msg.request_id
+                );
+                self.cancel_on_worker(
+                    worker,
+                    id,
+                    &req.msg.request_id,
+                    CancelReason::ClientDisconnect,
+                    now,
+                );
+            }
+        }
+        self.reply(id, ClientEvent::Failed(Failure::ClientGone));
+    }
+
+    // ----- dispatch -----
+
+    pub(super) fn assign(&mut self, id: RequestId, worker: WorkerId, now: Instant) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let Some(w) = self.registry.get_mut(worker) else {
+            return;
+        };
+        w.in_flight.insert(id);
+        let old = req.timer_at;
+        req.deadline = now + self.cfg.request_timeout;
+        req.timer_at = req.deadline;
+        req.stage = Stage::InFlight {
+            worker,
+            streamed: false,
+        };
+        let (deadline, msg) = (req.deadline, req.msg.clone());
+        let queue_wait = now.saturating_duration_since(req.arrived);
+        self.timers.remove(&(old, Timer::Request(id)));
+        self.timers.insert((deadline, Timer::Request(id)));
+        self.counters.dispatched += 1;
+        self.counters.waited(queue_wait);
+        debug!(
+            "request {} dispatched to {} ({})",
+            msg.request_id, w.wire_id, w.name
+        );
+        let name = w.name.clone();
+        self.actions
+            .push(Action::ToWorker(worker, ServerMessage::Request(msg)));
+        self.reply(
+            id,
+            ClientEvent::Dispatched {
+                queue_wait,
+                worker: name,
+            },
+        );
+    }
+
+    /// Gives a worker with free slots the oldest queued requests it can serve.
+    pub(super) fn fill_worker(&mut self, worker: WorkerId, now: Instant) {
+        while !self.queue.is_empty() {
+            let Some(w) = self.registry.get(worker) else {
+                return;
+            };
+            if !w.has_free_slot() {
+                return;
+            }
+            let Some(id) = self.queue.take_first(|model| w.serves(model)) else {
+                return;
+            };
+            self.assign(id, worker, now);
+        }
+    }
+
+    pub(super) fn fill_all(&mut self, now: Instant) {
+        for id in self.registry.ids() {
+            if self.queue.is_empty() {
+                return;
+            }
+            self.fill_worker(id, now);
+        }
+    }
+
+    pub(super) fn cancel_on_worker(
+        &mut self,
+        worker: WorkerId,
+        id: RequestId,
+        wire: &str,
+        reason: CancelReason,
+        now: Instant,
+    ) {
+        // The slot is freed now, whether or not the worker ever acknowledges the cancel:
+        // the original worker never does, and waiting for it would leak capacity.
+        if let Some(w) = self.registry.get_mut(worker) {
+            w.in_flight.remove(&id);
+        }
+        let msg = ServerMessage::Cancel {
+            request_id: wire.to_string(),
+            reason,
+        };
+        self.actions.push(Action::ToWorker(worker, msg));
+        self.after_slot_freed(worker, now);
+    }
+
+    /// Called whenever a worker may have gained a free slot: a drained worker that is now
+    /// idle is closed, any other one takes queued work.
+    pub(super) fn after_slot_freed(&mut self, worker: WorkerId, now: Instant) {
+        let Some(w) = self.registry.get(worker) else {
+            return;
+        };
+        if w.drain == DrainState::DrainingCloseWhenIdle && w.in_flight.is_empty() {
+            info!("worker {} ({}) drained", w.wire_id, w.name);
+            self.close_worker(worker, "drained", now);
+        } else {
+            self.fill_worker(worker, now);
+        }
+        self.maybe_finish_shutdown();
+    }
+
+    pub(super) fn reply(&mut self, id: RequestId, event: ClientEvent) {
+        self.actions.push(Action::ToClient(id, event));
+    }
+
+    /// Fails a request that holds no worker slot (rejected, queued, or shutting down).
+    pub(super) fn fail(&mut self, id: RequestId, failure: Failure) {
+        self.counters.failed(&failure);
+        self.reply(id, ClientEvent::Failed(failure));
+    }
+
+    /// Ends a request that is in flight on `worker` (complete, error, timeout, loss).
+    pub(super) fn finish(&mut self, id: RequestId, event: ClientEvent, now: Instant) {
+        let Some(req) = self.requests.remove(&id) else {
+            return;
+        };
+        self.unschedule(id, req.timer_at);
+        match &event {
+            ClientEvent::Complete(rc) => {
+                self.counters.completed += 1;
+                if let Some(t) = &rc.token_counts {
+                    let entry = self
+                        .counters
+                        .tokens
+                        .entry(req.msg.model.clone())
+                        .or_default();
+                    entry.0 += t.prompt_tokens.unwrap_or(0);
+                    entry.1 += t.completion_tokens.unwrap_or(0);
+                }
+            }
+            ClientEvent::Failed(f) => self.counters.failed(f),
+            _ => {}
+        }
+        self.reply(id, event);
+        if let Stage::InFlight { worker, .. } = req.stage {
+            if let Some(w) = self.registry.get_mut(worker) {
+                w.in_flight.remove(&id);
+            }
+            self.after_slot_freed(worker, now);
+        }
+    }
+
+    pub(super) fn unschedule(&mut self, id: RequestId, deadline: Instant) {
+        self.timers.remove(&(deadline, Timer::Request(id)));
+    }
+
+    /// Looks up a request that `worker` is currently serving. Messages about requests the
+    /// worker does not hold (late, cancelled, or another worker's) are dropped.
+    pub(super) fn in_flight_on(&self, worker: WorkerId, wire: &str) -> Option<RequestId> {
+        let id = parse_request_id(wire)?;
+        match self.requests.get(&id)?.stage {
+            Stage::InFlight { worker: w, .. } if w == worker => Some(id),
+            _ => None,
+        }
+    }
+
+    pub(super) fn request_deadline(&mut self, id: RequestId, now: Instant) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if req.deadline > now {
+            // Pushed back by activity since this timer was set.
+            req.timer_at = req.deadline;
+            let deadline = req.deadline;
+            self.timers.insert((deadline, Timer::Request(id)));
+            return;
+        }
+        match req.stage {
+            Stage::Queued => {
+                info!("request {} failed: queue timeout", req.msg.request_id);
+                self.queue.remove(id);
+                self.requests.remove(&id);
+                self.fail(id, Failure::QueueTimeout);
+            }
+            Stage::InFlight { worker, .. } => {
+                let wire = req.msg.request_id.clone();
+                info!("request {wire} timed out on worker w-{worker}; cancelling");
+                self.counters.cancelled(CancelReason::Timeout);
+                self.actions.push(Action::ToWorker(
+                    worker,
+                    ServerMessage::Cancel {
+                        request_id: wire,
+                        reason: CancelReason::Timeout,
+                    },
+                ));
+                self.finish(id, ClientEvent::Failed(Failure::RequestTimeout), now);
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Outcome counters kept by the dispatcher, and the gauges it publishes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use super::Failure;
+use crate::protocol::CancelReason;
+use crate::server::metrics::Histogram;
+
+/// Request outcomes, for `/metrics`, `/admin/stats` and tests.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Counters {
+    pub completed: u64,
+    pub failed: u64,
+    pub cancelled: u64,
+    pub requeued: u64,
+    pub dispatched: u64,
+    pub heartbeat_timeouts: u64,
+    /// Failure code (see [`Failure::code`]) → count.
+    pub failed_by: BTreeMap<&'static str, u64>,
+    /// Cancel reason sent to workers (or `client_disconnect` while queued) → count.
+    pub cancelled_by: BTreeMap<&'static str, u64>,
+    /// Model → (prompt tokens, completion tokens) reported by workers.
+    pub tokens: BTreeMap<String, (u64, u64)>,
+    pub queue_wait: Histogram,
+    /// The most recent queue waits, for percentiles.
+    pub recent_waits: VecDeque<Duration>,
+}
+
+const RECENT_WAITS: usize = 1024;
+
+impl Counters {
+    pub(super) fn failed(&mut self, f: &Failure) {
+        self.failed += 1;
+        *self.failed_by.entry(f.code()).or_default() += 1;
+    }
+
+    pub(super) fn cancelled(&mut self, reason: CancelReason) {
+        self.cancelled += 1;
+        *self.cancelled_by.entry(reason.as_str()).or_default() += 1;
+    }
+
+    pub(super) fn waited(&mut self, wait: Duration) {
+        self.queue_wait.observe(wait);
+        if self.recent_waits.len() == RECENT_WAITS {
+            self.recent_waits.pop_front();
+        }
+        self.recent_waits.push_back(wait);
+    }
+
+    /// Percentile (0–100) of the recent queue waits.
+    pub fn wait_percentile(&self, pct: usize) -> Duration {
+        let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();
+        v.sort_unstable();
+        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// Gauges the HTTP threads read for `/health`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Gauges {
+    pub workers: usize,
+    pub queue_depth: usize,
+    pub in_flight: usize,
+}

@@ -1,0 +1,331 @@
+//! Worker events: registration, messages, heartbeats, loss (with requeue) and drain.
+
+use std::time::{Duration, Instant};
+
+use log::{debug, info, warn};
+
+use super::{
+    sanitize_models, unix_ms, Action, ClientEvent, Dispatcher, DrainState, Failure, Phase,
+    RegisterAck, RequestId, Stage, Timer, Worker, WorkerId,
+};
+use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
+
+impl Dispatcher {
+    pub(super) fn worker_joined(
+        &mut self,
+        id: WorkerId,
+        reg: RegisterMessage,
+        remote: String,
+        now: Instant,
+    ) {
+        if !protocol::is_supported_version(reg.protocol_version.as_deref()) {
+            let v = reg.protocol_version.unwrap_or_default();
+            warn!(
+                "worker `{}` from {remote} rejected: unsupported protocol version `{v}`",
+                reg.worker_name
+            );
+            self.actions.push(Action::CloseWorker(
+                id,
+                format!("unsupported protocol version {v}"),
+            ));
+            return;
+        }
+        if self.phase != Phase::Running {
+            self.actions
+                .push(Action::CloseWorker(id, "server shutting down".into()));
+            return;
+        }
+        let (models, warnings) = sanitize_models(reg.models, self.cfg.max_models_per_worker);
+        for w in &warnings {
+            warn!("worker `{}`: {w}", reg.worker_name);
+        }
+        let features = if reg
+            .features
+            .iter()
+            .any(|f| f == protocol::FEATURE_WORKER_DRAIN)
+        {
+            vec![protocol::FEATURE_WORKER_DRAIN.to_string()]
+        } else {
+            Vec::new()
+        };
+        let version = reg
+            .protocol_version
+            .clone()
+            .unwrap_or_else(|| protocol::PROTOCOL_VERSION.into());
+        let name = if reg.worker_name.trim().is_empty() {
+            "worker".to_string()
+        } else {
+            reg.worker_name
+        };
+        let mut worker = Worker::new(
+            id,
+            name,
+            remote,
+            models,
+            reg.max_concurrent,
+            reg.protocol_version,
+            reg.features,
+            now,
+        );
+        worker.set_reported_load(reg.current_load.unwrap_or(0));
+        let ack = RegisterAck {
+            worker_id: worker.wire_id.clone(),
+            models: worker.models.clone(),
+            warnings,
+            protocol_version: Some(version),
+            features,
+        };
+        info!(
+            "worker registered: {} `{}` from {} models={:?} max_concurrent={}",
+            worker.wire_id, worker.name, worker.remote, worker.models, worker.max_concurrent
+        );
+        self.note_models_seen(&worker.models, now);
+        self.registry.insert(worker);
+        self.timers
+            .insert((now + self.cfg.heartbeat_timeout, Timer::WorkerSilent(id)));
+        self.actions
+            .push(Action::ToWorker(id, ServerMessage::RegisterAck(ack)));
+        self.fill_worker(id, now);
+    }
+
+    pub(super) fn note_models_seen(&mut self, models: &[String], now: Instant) {
+        for m in models {
+            self.model_seen.insert(m.clone(), now);
+        }
+        self.models_version += 1;
+    }
+
+    pub(super) fn worker_said(&mut self, worker: WorkerId, msg: WorkerMessage, now: Instant) {
+        let Some(w) = self.registry.get_mut(worker) else {
+            return;
+        };
+        let (old_seen, name) = (w.last_seen, w.wire_id.clone());
+        w.last_seen = now;
+        self.timers.remove(&(
+            old_seen + self.cfg.heartbeat_timeout,
+            Timer::WorkerSilent(worker),
+        ));
+        self.timers.insert((
+            now + self.cfg.heartbeat_timeout,
+            Timer::WorkerSilent(worker),
+        ));
+        match msg {
+            WorkerMessage::ResponseChunk { request_id, chunk } => {
+                self.on_chunk(worker, &request_id, chunk, now)
+            }
+            WorkerMessage::ResponseComplete(rc) => {
+                if let Some(id) = self.in_flight_on(worker, &rc.request_id) {
+                    debug!(
+                        "request {} complete: status {}",
+                        rc.request_id, rc.status_code
+                    );
+                    self.finish(id, ClientEvent::Complete(rc), now);
+                }
+            }
+            WorkerMessage::Error {
+                request_id,
+                code,
+                message,
+                status_code,
+            } => {
+                let Some(wire) = request_id else {
+                    warn!("worker {name} reported: {code}: {message}");
+                    return;
+                };
+                if let Some(id) = self.in_flight_on(worker, &wire) {
+                    info!("request {wire} failed on worker {name}: {code}: {message}");
+                    let failure = Failure::WorkerError {
+                        status: status_code,
+                        code,
+                        message,
+                    };
+                    self.finish(id, ClientEvent::Failed(failure), now);
+                }
+            }
+            WorkerMessage::Pong { current_load, .. } => {
+                if let Some(w) = self.registry.get_mut(worker) {
+                    w.set_reported_load(current_load);
+                }
+                self.fill_worker(worker, now);
+            }
+            WorkerMessage::ModelsUpdate {
+                models,
+                current_load,
+            } => self.models_update(worker, models, current_load, now),
+            WorkerMessage::WorkerDraining {} => {
+                if let Some(w) = self.registry.get_mut(worker) {
+                    info!("worker {} ({}) is draining", w.wire_id, w.name);
+                    w.drain = DrainState::DrainingByWorker;
+                    self.models_version += 1;
+                }
+            }
+            WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
+            WorkerMessage::Unknown(kind) => {
+                debug!("worker {name} sent unknown message type `{kind}`; ignored")
+            }
+        }
+    }
+
+    pub(super) fn on_chunk(&mut self, worker: WorkerId, wire: &str, chunk: String, now: Instant) {
+        let Some(id) = self.in_flight_on(worker, wire) else {
+            debug!("dropping late chunk for {wire}");
+            return;
+        };
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        if let Stage::InFlight { streamed, .. } = &mut req.stage {
+            *streamed = true;
+        }
+        // Every chunk restarts the silence timer; the timer entry is moved lazily.
+        req.deadline = now + self.cfg.request_timeout;
+        self.reply(id, ClientEvent::Chunk(chunk));
+    }
+
+    pub(super) fn models_update(
+        &mut self,
+        worker: WorkerId,
+        models: Vec<String>,
+        load: u32,
+        now: Instant,
+    ) {
+        let Some(w) = self.registry.get_mut(worker) else {
+            return;
+        };
+        let (models, warnings) = sanitize_models(models, self.cfg.max_models_per_worker);
+        for warning in &warnings {
+            warn!("worker {}: {warning}", w.wire_id);
+        }
+        info!("worker {} models updated: {:?}", w.wire_id, models);
+        let dropped: Vec<String> = w
+            .models
+            .iter()
+            .filter(|m| !models.contains(m))
+            .cloned()
+            .collect();
+        w.set_models(models.clone());
+        w.set_reported_load(load);
+        self.note_models_seen(&dropped, now);
+        self.note_models_seen(&models, now);
+        self.fill_worker(worker, now);
+    }
+
+    pub(super) fn heartbeat_expired(&mut self, worker: WorkerId) {
+        let Some(w) = self.registry.get(worker) else {
+            return;
+        };
+        let last_seen = w.last_seen;
+        self.counters.heartbeat_timeouts += 1;
+        warn!("worker {} ({}) heartbeat timed out", w.wire_id, w.name);
+        self.close_worker(
+            worker,
+            "worker heartbeat timed out",
+            last_seen + self.cfg.heartbeat_timeout,
+        );
+    }
+
+    pub(super) fn ping_all(&mut self, now: Instant) {
+        let ts = unix_ms();
+        for id in self.registry.ids() {
+            self.actions.push(Action::ToWorker(
+                id,
+                ServerMessage::Ping {
+                    timestamp_unix_ms: ts,
+                },
+            ));
+        }
+        self.timers
+            .insert((now + self.cfg.heartbeat_interval, Timer::Ping));
+    }
+
+    pub(super) fn worker_left(&mut self, worker: WorkerId, reason: &str, now: Instant) {
+        if let Some(w) = self.registry.get(worker) {
+            info!("worker {} ({}) disconnected: {reason}", w.wire_id, w.name);
+            self.remove_worker(worker, now);
+        }
+    }
+
+    /// Closes the socket of a registered worker and handles its requests as lost.
+    pub(super) fn close_worker(&mut self, worker: WorkerId, reason: &str, now: Instant) {
+        if self.registry.get(worker).is_some() {
+            self.actions
+                .push(Action::CloseWorker(worker, reason.to_string()));
+            self.remove_worker(worker, now);
+        }
+    }
+
+    /// Drops a worker from the registry. Its requests are requeued when nothing reached
+    /// the client yet (at most `max_requeues` times); a stream already under way is
+    /// ended with an error instead, since another worker's answer cannot be spliced in.
+    pub(super) fn remove_worker(&mut self, worker: WorkerId, now: Instant) {
+        let Some(w) = self.registry.remove(worker) else {
+            return;
+        };
+        self.timers.remove(&(
+            w.last_seen + self.cfg.heartbeat_timeout,
+            Timer::WorkerSilent(worker),
+        ));
+        self.timers
+            .retain(|(_, t)| *t != Timer::WorkerDrain(worker));
+        self.note_models_seen(&w.models, now);
+        let mut lost: Vec<RequestId> = w.in_flight.into_iter().collect();
+        lost.sort_unstable();
+        for id in lost {
+            self.request_lost(id, now);
+        }
+        self.fill_all(now);
+        self.maybe_finish_shutdown();
+    }
+
+    pub(super) fn request_lost(&mut self, id: RequestId, now: Instant) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        let streamed = matches!(req.stage, Stage::InFlight { streamed: true, .. });
+        let wire = req.msg.request_id.clone();
+        if streamed {
+            info!("request {wire} failed: worker lost mid-stream");
+            self.finish(id, ClientEvent::Failed(Failure::WorkerLost), now);
+        } else if req.requeues >= self.cfg.max_requeues || self.phase != Phase::Running {
+            info!("request {wire} failed: requeue exhausted");
+            self.finish(id, ClientEvent::Failed(Failure::RequeueExhausted), now);
+        } else if let Some(req) = self.requests.remove(&id) {
+            self.unschedule(id, req.timer_at);
+            self.counters.requeued += 1;
+            info!("request {wire} requeued (attempt {})", req.requeues + 1);
+            self.enqueue(id, req.msg, req.arrived, req.requeues + 1, now);
+        }
+    }
+
+    pub(super) fn drain_worker(
+        &mut self,
+        worker: WorkerId,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) {
+        let Some(w) = self.registry.get_mut(worker) else {
+            return;
+        };
+        w.drain = DrainState::DrainingCloseWhenIdle;
+        info!("worker {} ({}) draining on request", w.wire_id, w.name);
+        let msg = ServerMessage::GracefulShutdown {
+            reason: Some("drain requested".into()),
+            drain_timeout_secs: timeout.map(|t| t.as_secs()),
+        };
+        self.actions.push(Action::ToWorker(worker, msg));
+        if let Some(t) = timeout {
+            self.timers.insert((now + t, Timer::WorkerDrain(worker)));
+        }
+        self.models_version += 1;
+        self.after_slot_freed(worker, now);
+    }
+
+    pub(super) fn refresh_models(&mut self) {
+        for id in self.registry.ids() {
+            let msg = ServerMessage::ModelsRefresh {
+                reason: Some("admin".into()),
+            };
+            self.actions.push(Action::ToWorker(id, msg));
+        }
+    }
+}
