@@ -51,6 +51,26 @@ fn limited<T>(
     })
 }
 
+/// Checks a worker's secret (`X-Worker-Secret`, or the legacy `worker_secret` query
+/// parameter) before its WebSocket upgrade; a success clears the IP's failures.
+pub fn authorize_worker(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<(), ApiError> {
+    limited(ctx, ip, "worker", || {
+        let given = req
+            .header("x-worker-secret")
+            .map(str::to_string)
+            .or_else(|| req.query_param("worker_secret"));
+        match given {
+            Some(secret) if secrets_match(&secret, &ctx.cfg.worker_secret) => Ok(()),
+            _ => Err(ApiError::new(
+                401,
+                "invalid_worker_secret",
+                "missing or wrong worker secret",
+            )),
+        }
+    })
+    .inspect(|_| ctx.limiter.record_success(ip))
+}
+
 /// Checks `Authorization: Bearer <MODELRELAY_ADMIN_TOKEN>` for `/admin/*`: 403 when no
 /// token is configured, 401 when it is missing or wrong.
 pub fn authorize_admin(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<(), ApiError> {

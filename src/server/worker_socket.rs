@@ -10,14 +10,14 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::{debug, info, warn};
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
 use super::api::{ApiError, Style};
-use super::auth::secrets_match;
+use super::auth::authorize_worker;
 use super::dispatcher::runtime::{Input, Outbound};
 use super::dispatcher::{Event, WorkerId};
 use super::http::request::{Conn, Request};
@@ -81,33 +81,7 @@ fn check(req: &Request, ctx: &Ctx, ip: std::net::IpAddr) -> Result<(), ApiError>
             format!("unknown provider `{provider}`"),
         ));
     }
-    let now = Instant::now();
-    if ctx.limiter.is_blocked(ip, now) {
-        return Err(ApiError::new(
-            429,
-            "auth_rate_limited",
-            "too many failed worker authentications; retry later",
-        ));
-    }
-    let given = req
-        .header("x-worker-secret")
-        .map(str::to_string)
-        .or_else(|| req.query_param("worker_secret"));
-    match given {
-        Some(secret) if secrets_match(&secret, &ctx.cfg.worker_secret) => {
-            ctx.limiter.record_success(ip);
-            Ok(())
-        }
-        _ => {
-            ctx.limiter.record_failure(ip, now);
-            ctx.http_metrics.auth_failure("worker");
-            Err(ApiError::new(
-                401,
-                "invalid_worker_secret",
-                "missing or wrong worker secret",
-            ))
-        }
-    }
+    authorize_worker(ctx, req, ip)
 }
 
 /// Reads the socket until it ends; the writer thread runs beside it.
