@@ -72,6 +72,8 @@ pub struct WorkerInfo {
     pub last_heartbeat_unix: u64,
     pub remote_addr: String,
     pub protocol_version: Option<String>,
+    /// Protocol extensions the worker announced.
+    pub features: Vec<String>,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -214,6 +216,7 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
             last_heartbeat_unix: unix(w.last_seen),
             remote_addr: w.remote.clone(),
             protocol_version: w.protocol_version.clone(),
+            features: w.features.clone(),
         })
         .collect()
 }
