@@ -406,8 +406,24 @@ fn spawn_fake_worker(relay: SocketAddr, model: &str, max: u32, backend: FakeBack
     });
 }
 
+/// A child process killed when dropped.
+struct Process(Child);
+
+impl Process {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct ServerProcess {
-    child: Child,
+    process: Process,
     addr: SocketAddr,
 }
 
@@ -427,24 +443,18 @@ impl ServerProcess {
             .spawn()
             .expect("start modelrelay-server (build it with `cargo build --release` first)");
         wait_for(|| TcpStream::connect(addr).is_ok());
-        ServerProcess { child, addr }
+        ServerProcess {
+            process: Process(child),
+            addr,
+        }
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 }
 
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct WorkerProcess {
-    child: Child,
-}
+struct WorkerProcess(Process);
 
 impl WorkerProcess {
     fn start(server: SocketAddr, backend: SocketAddr, slots: &str) -> WorkerProcess {
@@ -458,18 +468,11 @@ impl WorkerProcess {
             .stdout(Stdio::null())
             .spawn()
             .expect("start modelrelay-worker");
-        WorkerProcess { child }
+        WorkerProcess(Process(child))
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.pid()
     }
 }
 

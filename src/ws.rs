@@ -135,7 +135,6 @@ pub mod close_code {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL: u16 = 1002;
-    pub const POLICY: u16 = 1008;
 }
 
 /// What a socket's writer thread is asked to do.
