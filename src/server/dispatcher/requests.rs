@@ -37,6 +37,7 @@ impl Dispatcher {
                     stage: Stage::Queued,
                     deadline,
                     timer_at: deadline,
+                    untold_dispatch: None,
                 },
             );
             return self.assign(id, worker, now);
@@ -89,6 +90,7 @@ impl Dispatcher {
                 stage: Stage::Queued,
                 deadline,
                 timer_at: deadline,
+                untold_dispatch: None,
             },
         );
         self.timers.insert((deadline, Timer::Request(id)));
@@ -152,16 +154,12 @@ impl Dispatcher {
             "request {} dispatched to {} ({})",
             msg.request_id, w.wire_id, w.name
         );
-        let name = w.name.clone();
+        req.untold_dispatch = Some(ClientEvent::Dispatched {
+            queue_wait,
+            worker: w.name.clone(),
+        });
         self.actions
             .push(Action::ToWorker(worker, ServerMessage::Request(msg)));
-        self.reply(
-            id,
-            ClientEvent::Dispatched {
-                queue_wait,
-                worker: name,
-            },
-        );
     }
 
     /// Gives a worker with free slots the oldest queued requests it can serve.
@@ -226,6 +224,18 @@ impl Dispatcher {
     }
 
     pub(super) fn reply(&mut self, id: RequestId, event: ClientEvent) {
+        let untold = self
+            .requests
+            .get_mut(&id)
+            .and_then(|req| req.untold_dispatch.take());
+        self.reply_after(id, untold, event);
+    }
+
+    /// Sends `event`, preceded by a dispatch the client has not been told of yet.
+    fn reply_after(&mut self, id: RequestId, untold: Option<ClientEvent>, event: ClientEvent) {
+        if let Some(dispatched) = untold {
+            self.actions.push(Action::ToClient(id, dispatched));
+        }
         self.actions.push(Action::ToClient(id, event));
     }
 
@@ -237,7 +247,7 @@ impl Dispatcher {
 
     /// Ends a request that is in flight on `worker` (complete, error, timeout, loss).
     pub(super) fn finish(&mut self, id: RequestId, event: ClientEvent, now: Instant) {
-        let Some(req) = self.requests.remove(&id) else {
+        let Some(mut req) = self.requests.remove(&id) else {
             return;
         };
         self.unschedule(id, req.timer_at);
@@ -257,7 +267,7 @@ impl Dispatcher {
             ClientEvent::Failed(f) => self.counters.failed(f),
             _ => {}
         }
-        self.reply(id, event);
+        self.reply_after(id, req.untold_dispatch.take(), event);
         if let Stage::InFlight { worker, .. } = req.stage {
             if let Some(w) = self.registry.get_mut(worker) {
                 w.in_flight.remove(&id);

@@ -383,7 +383,7 @@ fn request_timeout_bounds_first_byte_and_every_silence() {
     h.submit(1, "m");
     h.at(200.0);
     let a = h.chunk(1, 1, "a");
-    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a.len(), 2, "dispatch notice and chunk: {a:?}");
     h.at(450.0);
     h.tick();
     assert_eq!(
@@ -396,6 +396,44 @@ fn request_timeout_bounds_first_byte_and_every_silence() {
     assert_eq!(failures(&a), vec![(1, Failure::RequestTimeout)]);
     assert_eq!(cancels(&a), vec![(1, 1, CancelReason::Timeout)]);
     assert_eq!(h.d.gauges().in_flight, 0);
+}
+
+#[test]
+fn dispatch_is_told_with_the_next_event_not_alone() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.at(0.5);
+    let a = h.submit(1, "m");
+    assert_eq!(dispatched(&a), vec![(1, 1)]);
+    assert!(
+        !a.iter().any(|a| matches!(a, Action::ToClient(..))),
+        "a dispatch alone must not wake the client: {a:?}"
+    );
+    // The worker dies before answering: the request moves to worker 2, and the client
+    // hears only of the dispatch that counts, together with the first chunk.
+    let a = h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "gone".into(),
+    });
+    assert_eq!(dispatched(&a), vec![(1, 2)]);
+    assert!(!a.iter().any(|a| matches!(a, Action::ToClient(..))));
+    let a = h.chunk(2, 1, "hi");
+    assert_eq!(
+        a,
+        vec![
+            Action::ToClient(
+                1,
+                ClientEvent::Dispatched {
+                    queue_wait: Duration::ZERO,
+                    worker: "box-2".into()
+                }
+            ),
+            Action::ToClient(1, ClientEvent::Chunk("hi".into())),
+        ]
+    );
+    // Told once: later events come alone.
+    assert_eq!(h.chunk(2, 1, "more").len(), 1);
 }
 
 #[test]
@@ -426,8 +464,11 @@ fn worker_error_fails_only_that_request() {
     );
     assert!(closed(&a).is_empty());
     assert!(matches!(
-        h.complete(1, 2)[0],
-        Action::ToClient(2, ClientEvent::Complete(_))
+        h.complete(1, 2)[..],
+        [
+            Action::ToClient(2, ClientEvent::Dispatched { .. }),
+            Action::ToClient(2, ClientEvent::Complete(_))
+        ]
     ));
 }
 
@@ -610,7 +651,7 @@ fn shutdown_refuses_new_work_lets_in_flight_finish_then_exits() {
     );
     let a = h.complete(1, 1);
     assert!(matches!(
-        a[0],
+        a[1],
         Action::ToClient(1, ClientEvent::Complete(_))
     ));
     assert!(a.contains(&Action::Exit));

@@ -80,6 +80,9 @@ pub struct Conn {
     pub stream: Stream,
     pub peer: SocketAddr,
     buf: Vec<u8>,
+    /// The read timeout the socket has now; changed only when a read needs another
+    /// (a request that arrives in one piece costs no `setsockopt` at all).
+    read_timeout: Option<Duration>,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -90,6 +93,7 @@ impl Conn {
             stream,
             peer,
             buf: Vec::new(),
+            read_timeout: None,
         }
     }
 
@@ -98,8 +102,12 @@ impl Conn {
         std::mem::take(&mut self.buf)
     }
 
-    /// Reads more bytes; `Ok(0)` is end of stream.
-    fn fill(&mut self) -> io::Result<usize> {
+    /// Reads more bytes, waiting at most `timeout`; `Ok(0)` is end of stream.
+    fn fill(&mut self, timeout: Duration) -> io::Result<usize> {
+        if self.read_timeout != Some(timeout) {
+            self.stream.set_read_timeout(Some(timeout))?;
+            self.read_timeout = Some(timeout);
+        }
         let mut chunk = [0u8; READ_CHUNK];
         let n = self.stream.read(&mut chunk)?;
         self.buf.extend_from_slice(&chunk[..n]);
@@ -123,19 +131,17 @@ impl Conn {
                 .map_err(ReadError::Io)?;
         }
         req.body = match body_kind {
-            BodyKind::Length(n) => self.read_exact_body(n)?,
+            BodyKind::Length(n) => self.read_exact_body(n, limits.io_timeout)?,
             BodyKind::Chunked => self.read_chunked_body(limits)?,
         };
         Ok(req)
     }
 
     fn read_head(&mut self, limits: &Limits) -> Result<(Request, BodyKind), ReadError> {
-        let _ = self.stream.set_read_timeout(Some(limits.idle_timeout));
         let mut started: Option<Instant> = None;
         loop {
             if !self.buf.is_empty() && started.is_none() {
                 started = Some(Instant::now());
-                let _ = self.stream.set_read_timeout(Some(limits.io_timeout));
             }
             if let Some(parsed) = parse_head(&self.buf)? {
                 let (req, kind, used) = parsed;
@@ -160,7 +166,13 @@ impl Conn {
                     "request head not received in time".into(),
                 ));
             }
-            match self.fill() {
+            // Between requests the idle timeout applies; once a request began, the
+            // (shorter) I/O timeout.
+            let timeout = match started {
+                None => limits.idle_timeout,
+                Some(_) => limits.io_timeout,
+            };
+            match self.fill(timeout) {
                 Ok(0) if self.buf.is_empty() => return Err(ReadError::Closed),
                 Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
@@ -176,9 +188,9 @@ impl Conn {
         }
     }
 
-    fn read_exact_body(&mut self, n: usize) -> Result<Vec<u8>, ReadError> {
+    fn read_exact_body(&mut self, n: usize, timeout: Duration) -> Result<Vec<u8>, ReadError> {
         while self.buf.len() < n {
-            match self.fill() {
+            match self.fill(timeout) {
                 Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
                 Err(e) if is_timeout(&e) => {
@@ -194,7 +206,7 @@ impl Conn {
     }
 
     /// Reads a line ending in CRLF (without it), at most 4 KiB.
-    fn read_line(&mut self) -> Result<String, ReadError> {
+    fn read_line(&mut self, timeout: Duration) -> Result<String, ReadError> {
         loop {
             if let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
                 let line = String::from_utf8_lossy(&self.buf[..pos]).into_owned();
@@ -204,7 +216,7 @@ impl Conn {
             if self.buf.len() > 4096 {
                 return Err(ReadError::Reject(400, "malformed chunked body".into()));
             }
-            match self.fill() {
+            match self.fill(timeout) {
                 Ok(0) => return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
                 Err(e) => return Err(ReadError::Io(e)),
@@ -215,18 +227,18 @@ impl Conn {
     fn read_chunked_body(&mut self, limits: &Limits) -> Result<Vec<u8>, ReadError> {
         let mut body = Vec::new();
         loop {
-            let line = self.read_line()?;
+            let line = self.read_line(limits.io_timeout)?;
             let size_text = line.split(';').next().unwrap_or("").trim();
             let size = usize::from_str_radix(size_text, 16)
                 .map_err(|_| ReadError::Reject(400, "malformed chunk size".into()))?;
             if size == 0 {
-                while !self.read_line()?.is_empty() {}
+                while !self.read_line(limits.io_timeout)?.is_empty() {}
                 return Ok(body);
             }
             if body.len() + size > limits.max_body_bytes {
                 return Err(too_large(limits));
             }
-            let mut chunk = self.read_exact_body(size + 2)?;
+            let mut chunk = self.read_exact_body(size + 2, limits.io_timeout)?;
             if !chunk.ends_with(b"\r\n") {
                 return Err(ReadError::Reject(400, "malformed chunked body".into()));
             }
