@@ -11,9 +11,11 @@
 //!
 //! It runs twice: once with fake workers answering from memory (the relay core alone),
 //! once through the real `modelrelay-worker` binary and the fake backend (end to end),
-//! and finally times the worker's cancel path (cancel message -> backend socket closed).
+//! then measures the floor (two do-nothing byte forwarders with the same TCP hops), and
+//! finally times the worker's cancel path (cancel message -> backend socket closed).
 //! `BENCH_SECS` sets the throughput window (default 3); `BENCH_LOAD=host:port` only
-//! drives 8 clients against that address (for profiling).
+//! measures sequential latency and drives `BENCH_CLIENTS` (default 8) clients against
+//! that address (for profiling and A/B runs of two builds).
 
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
@@ -47,7 +49,17 @@ fn main() {
     if let Ok(target) = std::env::var("BENCH_LOAD") {
         // Load-only mode for profiling: `BENCH_LOAD=127.0.0.1:8080 bench`.
         let addr: SocketAddr = target.parse().expect("BENCH_LOAD=host:port");
-        println!("requests/s, 8 clients: {:.0}", throughput(addr, 8, window));
+        let clients = std::env::var("BENCH_CLIENTS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(8);
+        let seq = sequential(addr, &chat(false), 2000);
+        println!(
+            "sequential latency p50: {:.3} ms",
+            seq.p(50).as_secs_f64() * 1000.0
+        );
+        let rps = throughput(addr, clients, window);
+        println!("requests/s, {clients} clients: {rps:.0}");
         return;
     }
     let (backend, observed) = FakeBackend::new(MODEL, ANSWER).observed();
@@ -96,6 +108,7 @@ fn main() {
         rss_kb(worker.pid())
     );
     compare(backend_addr, server.addr, window);
+    floor(backend_addr, window);
     std::thread::sleep(Duration::from_secs(1));
     let h = health(server.addr);
     let in_flight = h
@@ -342,6 +355,54 @@ fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> f64 {
         let _ = h.join();
     }
     count as f64 / elapsed.as_secs_f64()
+}
+
+/// What the hops alone cost: two do-nothing byte forwarders (a thread per direction per
+/// connection) between client and backend, the same three TCP hops as client -> server
+/// -> worker -> backend but with 6 thread wake-ups per request instead of about 10.
+/// This is the ceiling for any relay with that shape on this machine.
+fn floor(backend: SocketAddr, window: Duration) {
+    let chain = forwarder(forwarder(backend));
+    let d = throughput(backend, 8, window);
+    let f = throughput(chain, 8, window);
+    println!(
+        "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
+        "floor: 2 byte-forwarding hops, 8 clients",
+        d,
+        f,
+        100.0 * f / d
+    );
+}
+
+/// Listens on a fresh port and copies bytes both ways between each client and a new
+/// connection to `upstream`.
+fn forwarder(upstream: SocketAddr) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind forwarder");
+    let addr = listener.local_addr().expect("forwarder address");
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(up) = TcpStream::connect(upstream) else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), up.set_nodelay(true));
+            let (Ok(client2), Ok(up2)) = (client.try_clone(), up.try_clone()) else {
+                continue;
+            };
+            std::thread::spawn(move || copy_bytes(client, up));
+            std::thread::spawn(move || copy_bytes(up2, client2));
+        }
+    });
+    addr
+}
+
+fn copy_bytes(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = [0u8; 16 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf) {
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
 /// A fake worker answering from memory: the backend's canned completion, or its words as

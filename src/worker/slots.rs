@@ -100,11 +100,6 @@ impl Slots {
     }
 }
 
-/// How often a slot that just went idle yields before it parks. Under load the next
-/// request usually arrives within those yields, and then neither side pays for a
-/// futex wake-up; an idle box parks after a few microseconds.
-const YIELDS_BEFORE_PARK: u32 = 4;
-
 fn run_slot(shared: &Shared) {
     let me = Arc::new(Mailbox {
         job: Mutex::new(None),
@@ -112,17 +107,11 @@ fn run_slot(shared: &Shared) {
     });
     let mut agent = fresh_agent();
     let mut next = shared.slots.next_or_idle(&me);
-    let mut idle_rounds = 0;
     loop {
         match next.take().or_else(|| me.job.lock().take()) {
             Some(job) => {
                 run_job(shared, &mut agent, job);
                 next = shared.slots.next_or_idle(&me);
-                idle_rounds = 0;
-            }
-            None if idle_rounds < YIELDS_BEFORE_PARK => {
-                idle_rounds += 1;
-                std::thread::yield_now();
             }
             // An unpark that came before this park makes it return at once.
             None => std::thread::park(),
