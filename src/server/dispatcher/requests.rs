@@ -224,15 +224,16 @@ impl Dispatcher {
     }
 
     pub(super) fn reply(&mut self, id: RequestId, event: ClientEvent) {
-        let untold = self
-            .requests
-            .get_mut(&id)
-            .and_then(|req| req.untold_dispatch.take());
-        self.reply_after(id, untold, event);
+        self.actions.push(Action::ToClient(id, event));
     }
 
     /// Sends `event`, preceded by a dispatch the client has not been told of yet.
-    fn reply_after(&mut self, id: RequestId, untold: Option<ClientEvent>, event: ClientEvent) {
+    pub(super) fn reply_after(
+        &mut self,
+        id: RequestId,
+        untold: Option<ClientEvent>,
+        event: ClientEvent,
+    ) {
         if let Some(dispatched) = untold {
             self.actions.push(Action::ToClient(id, dispatched));
         }

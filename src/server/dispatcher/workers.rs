@@ -179,7 +179,8 @@ impl Dispatcher {
         }
         // Every chunk restarts the silence timer; the timer entry is moved lazily.
         req.deadline = now + self.cfg.request_timeout;
-        self.reply(id, ClientEvent::Chunk(chunk));
+        let untold = req.untold_dispatch.take();
+        self.reply_after(id, untold, ClientEvent::Chunk(chunk));
     }
 
     pub(super) fn models_update(

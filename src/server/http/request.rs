@@ -104,8 +104,9 @@ impl Conn {
 
     /// Reads more bytes, waiting at most `timeout`; `Ok(0)` is end of stream.
     fn fill(&mut self, timeout: Duration) -> io::Result<usize> {
-        if self.read_timeout != Some(timeout) {
-            self.stream.set_read_timeout(Some(timeout))?;
+        // A zero timeout is refused by the OS; as before, the read then just blocks.
+        if self.read_timeout != Some(timeout) && self.stream.set_read_timeout(Some(timeout)).is_ok()
+        {
             self.read_timeout = Some(timeout);
         }
         let mut chunk = [0u8; READ_CHUNK];
