@@ -15,6 +15,8 @@ use super::{request, SECRET, WAIT};
 pub struct Proc {
     pub child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread copying stderr into `lines`; joined on exit so the log is complete.
+    reader: Option<std::thread::JoinHandle<()>>,
     name: String,
 }
 
@@ -34,13 +36,18 @@ impl Proc {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().expect("stderr");
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 sink.lock().push(line);
             }
         });
         let name = bin.rsplit('/').next().unwrap_or(bin).to_string();
-        Proc { child, lines, name }
+        Proc {
+            child,
+            lines,
+            reader: Some(reader),
+            name,
+        }
     }
 
     /// Waits for a log line containing `needle` (counting only lines after `skip`).
@@ -111,6 +118,10 @@ impl Proc {
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // The process is gone, so its stderr reaches EOF: wait for the last lines.
+                if let Some(reader) = self.reader.take() {
+                    let _ = reader.join();
+                }
                 return status;
             }
             assert!(
