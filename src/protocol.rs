@@ -12,6 +12,13 @@
 //! * `status_code` on `error`: the HTTP status the worker wants the client to see.
 //! * `worker_draining` (worker → server): "finish my in-flight work, send me nothing new".
 //!   Only sent when the server listed [`FEATURE_WORKER_DRAIN`] in its `register_ack`.
+//! * `retryable` on `error`: the request failed before the backend sent anything back
+//!   (connection refused or reset, connect timeout, 502/503/504), so the server may run
+//!   it on another worker. A server that does not know the field sees today's error.
+//! * `backend_status` (worker → server, `{"state": "up"|"down", "reason": ...}`): the
+//!   worker's backend went down or came back. Only sent when the server listed
+//!   [`FEATURE_BACKEND_HEALTH`]; toward any other server the worker advertises an
+//!   empty model list while its backend is down instead.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +33,28 @@ pub const BRIDGE_PROTOCOL_VERSION: &str = "2026-04-bridge-v1";
 pub const FEATURE_WORKER_DRAIN: &str = "worker_drain";
 /// Worker feature: the worker answers every `cancel` with a final message for that id.
 pub const FEATURE_CANCEL_ACK: &str = "cancel_ack";
+/// Server feature: the worker may send `backend_status`.
+pub const FEATURE_BACKEND_HEALTH: &str = "backend_health";
+/// Server feature: `error.retryable` is read, and such requests fail over to another
+/// worker. Workers list it too, so the server knows their errors carry the field.
+pub const FEATURE_FAILOVER: &str = "failover";
+
+/// Whether a worker's backend answers (`backend_status.state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendState {
+    Up,
+    Down,
+}
+
+impl BackendState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Up => "up",
+            BackendState::Down => "down",
+        }
+    }
+}
 
 /// Whether a worker announcing `version` can be served (absent = legacy worker, accepted).
 pub fn is_supported_version(version: Option<&str>) -> bool {
@@ -182,9 +211,18 @@ pub enum WorkerMessage {
         message: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         status_code: Option<u16>,
+        /// Extension: nothing reached the backend's answer yet; safe to run elsewhere.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        retryable: Option<bool>,
     },
     /// Extension: the worker is draining and wants no new requests.
     WorkerDraining {},
+    /// Extension: the worker's backend went down or came back.
+    BackendStatus {
+        state: BackendState,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -228,6 +266,8 @@ struct Raw {
     token_counts: Option<TokenCounts>,
     code: Option<String>,
     message: Option<String>,
+    retryable: Option<bool>,
+    state: Option<String>,
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
@@ -295,8 +335,17 @@ impl WorkerMessage {
                 code: r.code.unwrap_or_else(|| "worker_error".into()),
                 message: r.message.unwrap_or_default(),
                 status_code: r.status_code,
+                retryable: r.retryable,
             },
             "worker_draining" => WorkerMessage::WorkerDraining {},
+            "backend_status" => WorkerMessage::BackendStatus {
+                state: match need(r.state, k, "state")?.as_str() {
+                    "up" => BackendState::Up,
+                    "down" => BackendState::Down,
+                    other => return Err(Malformed(format!("unknown backend state `{other}`"))),
+                },
+                reason: reason_text(r.reason),
+            },
             _ => WorkerMessage::Unknown(kind),
         })
     }

@@ -147,6 +147,7 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
                 code: code.into(),
                 message,
                 status_code,
+                retryable: None,
             });
         }
         shared.inflight.remove(id);

@@ -449,6 +449,7 @@ fn worker_error_fails_only_that_request() {
             code: "backend".into(),
             message: "down".into(),
             status_code: None,
+            retryable: None,
         },
     );
     assert_eq!(

@@ -127,6 +127,7 @@ impl Dispatcher {
                 code,
                 message,
                 status_code,
+                ..
             } => {
                 let Some(wire) = request_id else {
                     warn!("worker {name} reported: {code}: {message}");
@@ -158,6 +159,9 @@ impl Dispatcher {
                     w.drain = DrainState::DrainingByWorker;
                     self.models_version += 1;
                 }
+            }
+            WorkerMessage::BackendStatus { state, reason } => {
+                debug!("worker {name} backend {}: {reason:?}", state.as_str())
             }
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
