@@ -81,6 +81,8 @@ fn streaming_arrives_in_order_and_terminates() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
 }
 
+/// 502/503/504 arrive as the worker's retryable error (issue 17) with the backend's
+/// status and text; other statuses are the backend's own answer.
 #[test]
 fn backend_error_statuses_pass_through_streaming_and_not() {
     let (server, _w, _, _) = relay(&[]);
@@ -221,12 +223,17 @@ fn max_concurrency_is_never_exceeded_at_the_backend() {
 #[test]
 fn backend_down_is_a_clear_502_and_the_worker_stays_connected() {
     let server = ServerProc::start(&[]);
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let worker = start_worker(server.addr, free, &[("MODELS", "m")]);
+    let running = FakeBackend::new("m", ANSWER)
+        .spawn_stoppable("127.0.0.1:0")
+        .expect("backend");
+    let addr = running.addr;
+    let worker = start_worker(
+        server.addr,
+        addr,
+        &[("MODELS", "m"), ("BACKEND_PROBE_MAX_SECS", "1")],
+    );
     server.wait_workers(1);
+    running.stop();
     let resp = post(server.addr, "/v1/chat/completions", &body(false, ""));
     assert_eq!(resp.status, 502);
     let v = resp.json();
@@ -234,16 +241,39 @@ fn backend_down_is_a_clear_502_and_the_worker_stays_connected() {
     assert!(v["error"]["message"]
         .as_str()
         .unwrap()
-        .contains(&free.to_string()));
+        .contains(&addr.to_string()));
     worker.wait_line("backend error for request");
+    // Toward this server (no `backend_health`) the worker withdraws its models.
+    worker.wait_line("backend down: ");
+    wait_models(&server, &[]);
     assert_eq!(server.health()["workers_connected"], 1);
-    // The backend comes up on that address: the same worker serves.
-    let b = FakeBackend::new("m", ANSWER);
-    b.clone().spawn(&free.to_string()).expect("rebind");
+    // The backend comes up on that address: the same worker advertises and serves again.
+    let _revived = FakeBackend::new("m", ANSWER)
+        .spawn_stoppable(&addr.to_string())
+        .expect("rebind");
+    worker.wait_line("backend up again after");
+    wait_models(&server, &["m"]);
     assert_eq!(
         post(server.addr, "/v1/chat/completions", &body(false, "")).status,
         200
     );
+}
+
+/// Waits until the server's `/v1/models` lists exactly `models`.
+fn wait_models(server: &ServerProc, models: &[&str]) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = request(server.addr, "GET", "/v1/models", None, &[]).json();
+        let ids: Vec<&str> = list["data"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|m| m["id"].as_str()).collect())
+            .unwrap_or_default();
+        if ids == models {
+            return;
+        }
+        assert!(Instant::now() < deadline, "models {ids:?}, want {models:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]

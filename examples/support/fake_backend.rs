@@ -5,11 +5,14 @@
 //! * `POST /v1/...` answers a chat completion; with `"stream": true` it streams one SSE
 //!   event per word of the answer (chunked encoding, no pauses) and `data: [DONE]`.
 //! * Tests pick other behaviour with a `"scenario"` field in the body; see [`Scenario`].
+//! * [`FakeBackend::spawn_stoppable`] serves until [`Running::stop`], which closes the
+//!   listener and every open connection (a backend that died); [`FakeBackend::resetting`]
+//!   makes every connection end in a TCP reset instead of an answer.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +40,32 @@ pub struct FakeBackend {
     pub words: Vec<String>,
     pub stats: Arc<Stats>,
     observer: Option<crossbeam_channel::Sender<Observed>>,
+    /// Reset every connection once the client sent something (see [`Self::resetting`]).
+    reset: bool,
+}
+
+/// A backend started by [`FakeBackend::spawn_stoppable`].
+pub struct Running {
+    pub addr: SocketAddr,
+    stopping: Arc<AtomicBool>,
+    open: Arc<parking_lot::Mutex<Vec<TcpStream>>>,
+    acceptor: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops like a crashed process: once this returns, connects to `addr` are refused
+    /// and every connection that was open is closed.
+    pub fn stop(mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wakes the blocking accept; the acceptor then drops the listener.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        for conn in self.open.lock().drain(..) {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+    }
 }
 
 /// Test behaviours, selected by `"scenario":"..."` in the request body.
@@ -86,7 +115,15 @@ impl FakeBackend {
             words: answer.split_inclusive(' ').map(String::from).collect(),
             stats: Arc::new(Stats::default()),
             observer: None,
+            reset: false,
         }
+    }
+
+    /// Accepts connections, then resets each one (closing with the request unread makes
+    /// the kernel send RST) without answering: a backend crashing on every request.
+    pub fn resetting(mut self) -> FakeBackend {
+        self.reset = true;
+        self
     }
 
     /// Reports requests and closed connections on the returned channel.
@@ -110,6 +147,38 @@ impl FakeBackend {
         Ok(local)
     }
 
+    /// Binds `addr` and serves on background threads until [`Running::stop`].
+    pub fn spawn_stoppable(self, addr: &str) -> std::io::Result<Running> {
+        let listener = TcpListener::bind(addr)?;
+        let local = listener.local_addr()?;
+        let backend = Arc::new(self);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let (stop, conns) = (stopping.clone(), open.clone());
+        let acceptor = std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                // A resetting backend must hold no second handle: the reset needs the
+                // last one closed.
+                if !backend.reset {
+                    if let Ok(clone) = stream.try_clone() {
+                        conns.lock().push(clone);
+                    }
+                }
+                let backend = backend.clone();
+                std::thread::spawn(move || backend.serve(stream));
+            }
+        });
+        Ok(Running {
+            addr: local,
+            stopping,
+            open,
+            acceptor: Some(acceptor),
+        })
+    }
+
     fn observe(&self, what: Observed) {
         if let Some(tx) = &self.observer {
             let _ = tx.send(what);
@@ -117,6 +186,11 @@ impl FakeBackend {
     }
 
     fn serve(&self, stream: TcpStream) {
+        if self.reset {
+            // Wait for the request, leave it unread and close: the peer gets a reset.
+            let _ = stream.peek(&mut [0u8; 1]);
+            return;
+        }
         let _ = stream.set_nodelay(true);
         let Ok(write_half) = stream.try_clone() else {
             return;

@@ -34,13 +34,46 @@ pub enum Outcome {
     Completed,
     /// Cancelled by the server; the backend socket was shut down.
     Cancelled,
-    /// Could not get an answer from the backend (nothing was sent yet).
+    /// The backend could not be reached or dropped the connection before answering
+    /// (refused, reset, connect timeout). Nothing was sent: another worker may run it,
+    /// and this backend is probably down.
     Unreachable(String),
+    /// The backend answered 502, 503 or 504 (its own upstream or its model is not
+    /// ready). Nothing was sent: another worker may run it.
+    Unavailable { status: u16, body: String },
+    /// Any other failure before the answer went out (not safe to run elsewhere).
+    Failed(String),
     /// The backend failed after part of a stream was sent.
     StreamBroken(String),
     /// The answer exceeded what fits in one WebSocket message.
     TooLarge(usize),
 }
+
+/// Why the backend's model list could not be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ModelsError {
+    /// No HTTP answer at all (refused, reset, timeout): the backend is down.
+    Unreachable(String),
+    /// The backend answered, but not with a usable list.
+    Unusable(String),
+}
+
+impl std::fmt::Display for ModelsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelsError::Unreachable(e) | ModelsError::Unusable(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Statuses that mean "not this backend, not now": retryable on another worker.
+pub const UNAVAILABLE_STATUSES: [u16; 3] = [502, 503, 504];
+/// How much of a 502/503/504 body is kept for the error message.
+const UNAVAILABLE_BODY_CHARS: usize = 512;
+/// `GET /v1/models` gives up after this long (it is also the health probe, which must
+/// not hang on a backend that accepts connections and never answers).
+const MODELS_TIMEOUT: Duration = Duration::from_secs(10);
+const MODELS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Backend {
     base: String,
@@ -73,27 +106,42 @@ impl Backend {
         format!("{}{}", self.base, path)
     }
 
-    /// Reads the backend's model list (`GET /v1/models`, OpenAI list shape).
-    pub fn models(&self) -> Result<Vec<String>, String> {
-        let agent = fresh_agent();
+    /// Reads the backend's model list (`GET /v1/models`, OpenAI list shape). Also the
+    /// health probe: a bounded call, so a hung backend cannot stall the prober.
+    pub fn models(&self) -> Result<Vec<String>, ModelsError> {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(MODELS_CONNECT_TIMEOUT))
+            .timeout_global(Some(MODELS_TIMEOUT))
+            .user_agent(concat!("modelrelay-worker/", env!("CARGO_PKG_VERSION")))
+            .build();
+        let agent = ureq::Agent::new_with_config(config);
         let mut req = agent.get(&self.url("/v1/models"));
         if let Some(key) = &self.api_key {
             req = req.header("authorization", &format!("Bearer {key}"));
         }
-        let resp = req
-            .call()
-            .map_err(|e| format!("GET /v1/models failed: {e}"))?;
+        let resp = req.call().map_err(|e| {
+            let text = format!("GET /v1/models failed: {e}");
+            // A timeout here is a backend that never answered, like a refused one.
+            if is_connection_failure(&e) || matches!(e, ureq::Error::Timeout(_)) {
+                ModelsError::Unreachable(text)
+            } else {
+                ModelsError::Unusable(text)
+            }
+        })?;
         let status = resp.status().as_u16();
         let mut body = String::new();
         resp.into_body()
             .into_reader()
             .take(4 << 20)
             .read_to_string(&mut body)
-            .map_err(|e| format!("reading /v1/models: {e}"))?;
+            .map_err(|e| ModelsError::Unusable(format!("reading /v1/models: {e}")))?;
         if status != 200 {
-            return Err(format!("GET /v1/models answered {status}"));
+            return Err(ModelsError::Unusable(format!(
+                "GET /v1/models answered {status}"
+            )));
         }
-        parse_model_list(&body)
+        parse_model_list(&body).map_err(ModelsError::Unusable)
     }
 
     /// Runs one request to completion on `agent`, sending protocol messages through
@@ -124,12 +172,17 @@ impl Backend {
                     retried = true;
                     *agent = fresh_agent();
                 }
-                Err(e) => return Outcome::Unreachable(e.to_string()),
+                Err(e) if is_connection_failure(&e) => return Outcome::Unreachable(e.to_string()),
+                Err(e) => return Outcome::Failed(e.to_string()),
             }
         };
         let status = response.status().as_u16();
         let headers = response_headers(&response);
         let reader = response.into_body().into_reader();
+        if UNAVAILABLE_STATUSES.contains(&status) {
+            // Nothing went to the server yet, so this can still run elsewhere.
+            return unavailable(status, reader, handle);
+        }
         if req.is_streaming && status < 400 {
             self.stream_body(req, status, headers, reader, handle, emit)
         } else {
@@ -217,10 +270,11 @@ impl Backend {
         let mut bytes = Vec::new();
         let limit = self.max_body as u64 + 1;
         if let Err(e) = reader.take(limit).read_to_end(&mut bytes) {
+            // The backend answered, then broke: not the "nothing happened" retry case.
             return if handle.is_cancelled() {
                 Outcome::Cancelled
             } else {
-                Outcome::Unreachable(e.to_string())
+                Outcome::Failed(e.to_string())
             };
         }
         if bytes.len() > self.max_body {
@@ -237,6 +291,45 @@ impl Backend {
             token_counts,
         }));
         Outcome::Completed
+    }
+}
+
+/// Reads the start of a 502/503/504 answer for the error message.
+fn unavailable(status: u16, reader: impl Read, handle: &Handle) -> Outcome {
+    let mut bytes = Vec::new();
+    let read = reader.take(4 * 1024).read_to_end(&mut bytes);
+    if read.is_err() && handle.is_cancelled() {
+        return Outcome::Cancelled;
+    }
+    let body: String = String::from_utf8_lossy(&bytes)
+        .chars()
+        .take(UNAVAILABLE_BODY_CHARS)
+        .collect();
+    Outcome::Unavailable { status, body }
+}
+
+/// Errors that mean no answer came from the backend at all: it refused, reset or
+/// never completed the connection, or closed it before a response head. Only these
+/// mark the backend down; an HTTP answer of any status proves it is up.
+pub fn is_connection_failure(e: &ureq::Error) -> bool {
+    use std::io::ErrorKind::*;
+    match e {
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            ConnectionRefused
+                | ConnectionReset
+                | ConnectionAborted
+                | BrokenPipe
+                | UnexpectedEof
+                | NotConnected
+                | TimedOut
+                | HostUnreachable
+                | NetworkUnreachable
+                | AddrNotAvailable
+        ),
+        ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => true,
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
+        _ => false,
     }
 }
 
@@ -422,6 +515,40 @@ mod tests {
         assert!(s.counts.is_none());
         s.scan("tokens\":2,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n");
         assert_eq!(s.counts.unwrap().total_tokens, Some(5));
+    }
+
+    #[test]
+    fn only_failures_without_an_answer_count_as_connection_failures() {
+        use std::io::{Error, ErrorKind};
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::UnexpectedEof,
+        ] {
+            assert!(is_connection_failure(&ureq::Error::Io(Error::from(kind))));
+        }
+        assert!(is_connection_failure(&ureq::Error::Timeout(
+            ureq::Timeout::Connect
+        )));
+        assert!(is_connection_failure(&ureq::Error::ConnectionFailed));
+        assert!(!is_connection_failure(&ureq::Error::Io(Error::from(
+            ErrorKind::InvalidData
+        ))));
+        assert!(!is_connection_failure(&ureq::Error::Timeout(
+            ureq::Timeout::RecvBody
+        )));
+        assert!(!is_connection_failure(&ureq::Error::StatusCode(500)));
+    }
+
+    #[test]
+    fn a_503_body_is_kept_short_for_the_error_message() {
+        let long = "é".repeat(2000);
+        let outcome = unavailable(503, long.as_bytes(), &Handle::default());
+        let Outcome::Unavailable { status, body } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(status, 503);
+        assert_eq!(body.chars().count(), UNAVAILABLE_BODY_CHARS);
     }
 
     #[test]

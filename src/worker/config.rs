@@ -69,6 +69,13 @@ pub const OPTIONS: &[Opt] = &[
         help: "how often the backend's model list is re-read when MODELS is *",
     },
     Opt {
+        flag: "backend-probe-max-secs",
+        env: "BACKEND_PROBE_MAX_SECS",
+        default: Some("10"),
+        help:
+            "longest wait between probes of a backend that stopped answering (from 1 s, doubling)",
+    },
+    Opt {
         flag: "protocol-version",
         env: "PROTOCOL_VERSION",
         default: Some(BRIDGE_PROTOCOL_VERSION),
@@ -116,6 +123,8 @@ pub struct WorkerConfig {
     pub backend_api_key: Option<String>,
     pub drain_timeout: Duration,
     pub models_refresh: Duration,
+    /// Upper bound of the probe backoff while the backend is down (at least 1 s).
+    pub backend_probe_max: Duration,
     pub protocol_version: String,
     pub max_ws_message_bytes: usize,
     pub ca_file: Option<String>,
@@ -159,6 +168,9 @@ impl WorkerConfig {
             drain_timeout: s.secs("drain-timeout-secs", 60)?,
             models_refresh: s
                 .secs("models-refresh-secs", 30)?
+                .max(Duration::from_secs(1)),
+            backend_probe_max: s
+                .secs("backend-probe-max-secs", 10)?
                 .max(Duration::from_secs(1)),
             protocol_version: s.string("protocol-version", BRIDGE_PROTOCOL_VERSION),
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
@@ -247,5 +259,12 @@ mod tests {
         assert_eq!(cfg.protocol_version, "2026-04-bridge-v1");
         assert_eq!(cfg.max_concurrency, 1);
         assert_eq!(cfg.backend_url, "http://127.0.0.1:8000");
+        assert_eq!(cfg.backend_probe_max, Duration::from_secs(10));
+        let zero = WorkerConfig::from_settings(&Settings::from_pairs(&[
+            ("worker-secret", "s"),
+            ("backend-probe-max-secs", "0"),
+        ]))
+        .unwrap();
+        assert_eq!(zero.backend_probe_max, Duration::from_secs(1));
     }
 }

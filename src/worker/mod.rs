@@ -7,11 +7,13 @@
 //!        └─ session.rs: reader loop ─► slots.rs (MAX_CONCURRENCY threads) ─► backend.rs (ureq)
 //!                        writer thread ◄── every outgoing message
 //!  models thread: re-reads the backend's /v1/models when MODELS is `*`
+//!  prober thread: health.rs ── probes a backend that stopped answering, with backoff
 //! ```
 
 pub mod backend;
 pub mod config;
 pub mod connection;
+pub mod health;
 pub mod inflight;
 pub mod session;
 pub mod slots;
@@ -24,7 +26,6 @@ use crossbeam_channel::{Receiver, Sender};
 use log::{info, warn};
 use parking_lot::Mutex;
 
-use crate::protocol::WorkerMessage;
 use crate::ws::close_code;
 pub use config::{ModelSource, WorkerConfig};
 
@@ -39,8 +40,11 @@ pub enum Control {
 pub struct Shared {
     pub cfg: WorkerConfig,
     pub backend: backend::Backend,
+    /// Whether the backend answers (see `health.rs`).
+    pub health: health::Health,
     pub inflight: inflight::InFlight,
-    /// The models currently advertised.
+    /// The models the backend serves (what a session advertises may differ: see
+    /// `health::sync`).
     pub models: Mutex<Vec<String>>,
     /// The registered session, when there is one.
     pub session: Mutex<Option<session::Link>>,
@@ -97,6 +101,7 @@ impl Worker {
         };
         let shared = Arc::new(Shared {
             backend: backend::Backend::new(&cfg.backend_url, cfg.backend_api_key.clone(), max_body),
+            health: health::Health::new(cfg.backend_probe_max),
             inflight: inflight::InFlight::default(),
             models: Mutex::new(models),
             session: Mutex::new(None),
@@ -110,8 +115,13 @@ impl Worker {
             cfg,
         });
         slots::Slots::start(&shared, shared.cfg.max_concurrency);
+        // Before the first connection, so `register` carries what the backend serves.
+        health::probe_at_start(&shared);
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("prober".into())
+            .spawn(move || health::run_prober(&s));
         if shared.cfg.models == ModelSource::Backend {
-            refresh_models(&shared, false);
             let s = shared.clone();
             let _ = std::thread::Builder::new()
                 .name("models".into())
@@ -169,35 +179,25 @@ fn drain(shared: &Shared, timeout: Duration, why: &str) {
     info!("drained; exiting");
 }
 
-/// Re-reads the backend's models; sends `models_update` when they changed (or always,
-/// when the server asked).
+/// Re-reads the backend's models (with `MODELS=*`, unless the backend is down: then the
+/// prober reads them when it is back) and tells the server what changed, or everything
+/// when it asked.
 pub fn refresh_models(shared: &Shared, asked: bool) {
-    let models = match &shared.cfg.models {
-        ModelSource::Fixed(list) => list.clone(),
-        ModelSource::Backend => match shared.backend.models() {
-            Ok(m) => m,
-            Err(e) => {
-                warn!("cannot read models from the backend: {e}");
-                return;
-            }
-        },
-    };
-    let changed = {
-        let mut current = shared.models.lock();
-        let changed = *current != models;
-        if changed {
-            info!("backend models: {models:?}");
-            *current = models.clone();
+    if shared.cfg.models == ModelSource::Backend && !shared.health.is_down() {
+        match shared.backend.models() {
+            Ok(models) => set_models(shared, models),
+            Err(backend::ModelsError::Unreachable(e)) => health::backend_failed(shared, &e),
+            Err(e) => warn!("cannot read models from the backend: {e}"),
         }
-        changed
-    };
-    if (changed || asked) && !shared.is_draining() {
-        if let Some(link) = shared.session.lock().clone() {
-            let current_load = shared.inflight.len() as u32;
-            link.out.send(&WorkerMessage::ModelsUpdate {
-                models,
-                current_load,
-            });
-        }
+    }
+    health::sync(shared, asked);
+}
+
+/// Records the backend's model list (the server hears of it through `health::sync`).
+fn set_models(shared: &Shared, models: Vec<String>) {
+    let mut current = shared.models.lock();
+    if *current != models {
+        info!("backend models: {models:?}");
+        *current = models;
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
+use super::health::{self, Told};
 use super::{Control, Shared};
 use crate::net::Stream;
 use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
@@ -81,6 +82,10 @@ pub struct Link {
     pub out: Out,
     /// The server understands `worker_draining`.
     pub server_drain: bool,
+    /// The server understands `backend_status`.
+    pub backend_health: bool,
+    /// What the server was last told about models and backend (see `health::sync`).
+    pub told: Arc<parking_lot::Mutex<Told>>,
 }
 
 /// How a session ended.
@@ -102,7 +107,9 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
     let mut reader = ReadHalf::new(read_stream);
     let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(max)));
 
-    let _ = out.send(&WorkerMessage::Register(register_message(shared)));
+    let register = register_message(shared);
+    let told = Told::registered(register.models.clone());
+    let _ = out.send(&WorkerMessage::Register(register));
     let _ = stream.set_read_timeout(Some(ACK_TIMEOUT));
     let ack = match next_message(&mut ctx, &mut reader, &out) {
         Ok(ServerMessage::RegisterAck(ack)) => ack,
@@ -117,17 +124,19 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         "registered with server as {} (models: {:?})",
         ack.worker_id, ack.models
     );
+    let has = |feature: &str| ack.features.iter().any(|f| f == feature);
     let link = Link {
         out: out.clone(),
-        server_drain: ack
-            .features
-            .iter()
-            .any(|f| f == protocol::FEATURE_WORKER_DRAIN),
+        server_drain: has(protocol::FEATURE_WORKER_DRAIN),
+        backend_health: has(protocol::FEATURE_BACKEND_HEALTH),
+        told: Arc::new(parking_lot::Mutex::new(told)),
     };
     *shared.session.lock() = Some(link.clone());
     if shared.is_draining() {
         announce_drain(shared, &link);
     }
+    // A backend that is down now (or went down since `register`): say so at once.
+    health::sync(shared, false);
     let reason = serve(&mut ctx, &mut reader, shared, &out);
     *shared.session.lock() = None;
     // Answers can no longer be delivered: stop the backend; the server requeues.
@@ -136,16 +145,25 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
     End::Lost(reason)
 }
 
+/// `register` lists no models while the backend is down: the server's features are not
+/// known yet, and an empty list keeps any server from routing here meanwhile.
 fn register_message(shared: &Shared) -> RegisterMessage {
+    let models = if shared.health.is_down() {
+        Vec::new()
+    } else {
+        shared.models.lock().clone()
+    };
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
-        models: shared.models.lock().clone(),
+        models,
         max_concurrent: shared.cfg.max_concurrency,
         protocol_version: Some(shared.cfg.protocol_version.clone()),
         current_load: Some(shared.inflight.len() as u32),
         features: vec![
             protocol::FEATURE_CANCEL_ACK.into(),
             protocol::FEATURE_WORKER_DRAIN.into(),
+            protocol::FEATURE_FAILOVER.into(),
+            protocol::FEATURE_BACKEND_HEALTH.into(),
         ],
     }
 }
@@ -242,9 +260,11 @@ fn serve(
 /// Tells the server to send nothing new: `worker_draining` where understood, otherwise an
 /// empty model list (which any ModelRelay server honours).
 pub fn announce_drain(shared: &Shared, link: &Link) {
+    let mut told = link.told.lock();
     let msg = if link.server_drain {
         WorkerMessage::WorkerDraining {}
     } else {
+        told.models.clear();
         WorkerMessage::ModelsUpdate {
             models: Vec::new(),
             current_load: shared.inflight.len() as u32,

@@ -17,6 +17,7 @@ use log::{error, info, warn};
 use parking_lot::Mutex;
 
 use super::backend::{fresh_agent, Outcome};
+use super::health;
 use super::inflight::Handle;
 use super::session::Out;
 use super::Shared;
@@ -120,77 +121,136 @@ fn run_slot(shared: &Shared) {
 }
 
 fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
-    {
-        let id = job.req.request_id.as_str();
-        let mut emit = |msg: WorkerMessage| {
-            job.out.send(&msg);
-        };
-        let outcome = if job.handle.attach(agent) {
-            info!(
-                "forwarding request {id}: {} {} (stream: {})",
-                job.req.model, job.req.endpoint_path, job.req.is_streaming
-            );
-            shared
-                .backend
-                .forward(agent, &job.req, &job.handle, &mut emit)
-        } else {
-            Outcome::Cancelled
-        };
-        job.handle.detach();
-        if job.handle.is_cancelled() {
-            // A cancelled agent is shut down for good.
-            *agent = fresh_agent();
+    let id = job.req.request_id.as_str();
+    let report = match shared.health.down_reason() {
+        // The server has not heard yet (or, an original server, still had the request
+        // queued): refuse at once, without touching the backend, so it can run elsewhere.
+        Some(reason) => Some(Report::retryable(
+            "backend_unreachable",
+            format!("backend is down: {reason}"),
+            502,
+        )),
+        None => {
+            let outcome = forward(shared, agent, &job);
+            if let Outcome::Unreachable(e) = &outcome {
+                // Before the error, so the server stops routing here before it retries.
+                health::backend_failed(shared, e);
+            }
+            report(shared, &job.req, outcome)
         }
-        if let Some((code, message, status_code)) = failure(shared, &job.req, outcome) {
-            emit(WorkerMessage::Error {
-                request_id: Some(id.to_string()),
-                code: code.into(),
-                message,
-                status_code,
-                retryable: None,
-            });
+    };
+    if let Some(r) = report {
+        job.out.send(&r.into_message(id));
+    }
+    shared.inflight.remove(id);
+}
+
+/// Runs the request against the backend; a cancelled agent is replaced.
+fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
+    let mut emit = |msg: WorkerMessage| {
+        job.out.send(&msg);
+    };
+    let outcome = if job.handle.attach(agent) {
+        info!(
+            "forwarding request {}: {} {} (stream: {})",
+            job.req.request_id, job.req.model, job.req.endpoint_path, job.req.is_streaming
+        );
+        shared
+            .backend
+            .forward(agent, &job.req, &job.handle, &mut emit)
+    } else {
+        Outcome::Cancelled
+    };
+    job.handle.detach();
+    if job.handle.is_cancelled() {
+        // A cancelled agent is shut down for good.
+        *agent = fresh_agent();
+    }
+    outcome
+}
+
+/// An `error` for one request.
+struct Report {
+    code: &'static str,
+    message: String,
+    status_code: Option<u16>,
+    /// Nothing reached the server yet and the backend never answered this request:
+    /// another worker may run it.
+    retryable: bool,
+}
+
+impl Report {
+    fn new(code: &'static str, message: String, status_code: Option<u16>) -> Report {
+        Report {
+            code,
+            message,
+            status_code,
+            retryable: false,
         }
-        shared.inflight.remove(id);
+    }
+
+    fn retryable(code: &'static str, message: String, status_code: u16) -> Report {
+        Report {
+            retryable: true,
+            ..Report::new(code, message, Some(status_code))
+        }
+    }
+
+    fn into_message(self, id: &str) -> WorkerMessage {
+        WorkerMessage::Error {
+            request_id: Some(id.to_string()),
+            code: self.code.into(),
+            message: self.message,
+            status_code: self.status_code,
+            // Absent rather than false when not retryable: today's exact shape.
+            retryable: self.retryable.then_some(true),
+        }
     }
 }
 
 /// The `error` to report for an outcome, if any.
-fn failure(
-    shared: &Shared,
-    req: &RequestMessage,
-    outcome: Outcome,
-) -> Option<(&'static str, String, Option<u16>)> {
+fn report(shared: &Shared, req: &RequestMessage, outcome: Outcome) -> Option<Report> {
     let id = req.request_id.as_str();
+    let unreachable = |e: &str| {
+        let url = shared.backend.url(&req.endpoint_path);
+        format!("backend request to {url} failed: {e}")
+    };
     match outcome {
         Outcome::Completed => None,
         Outcome::Cancelled => {
             info!("request {id} cancelled; backend connection closed");
-            Some(("cancelled", "request cancelled".to_string(), None))
+            Some(Report::new("cancelled", "request cancelled".into(), None))
         }
         Outcome::Unreachable(e) => {
             warn!("backend error for request {id}: {e}");
-            let url = shared.backend.url(&req.endpoint_path);
-            Some((
+            Some(Report::retryable(
                 "backend_unreachable",
-                format!("backend request to {url} failed: {e}"),
+                unreachable(&e),
+                502,
+            ))
+        }
+        Outcome::Unavailable { status, body } => {
+            warn!("backend answered {status} for request {id}; reported as retryable");
+            let message = format!("backend answered {status}: {body}");
+            Some(Report::retryable("backend_unavailable", message, status))
+        }
+        Outcome::Failed(e) => {
+            warn!("backend error for request {id}: {e}");
+            Some(Report::new(
+                "backend_unreachable",
+                unreachable(&e),
                 Some(502),
             ))
         }
         Outcome::StreamBroken(e) => {
             warn!("backend stream for request {id} broke: {e}");
-            Some((
-                "backend_stream_failed",
-                format!("backend stream failed: {e}"),
-                Some(502),
-            ))
+            let message = format!("backend stream failed: {e}");
+            Some(Report::new("backend_stream_failed", message, Some(502)))
         }
         Outcome::TooLarge(limit) => {
             warn!("backend answer for request {id} exceeds {limit} bytes");
-            Some((
-                "response_too_large",
-                format!("backend answer exceeds {limit} bytes"),
-                Some(502),
-            ))
+            let message = format!("backend answer exceeds {limit} bytes");
+            Some(Report::new("response_too_large", message, Some(502)))
         }
     }
 }
