@@ -233,8 +233,12 @@ fn queue_full_is_429_with_retry_after() {
     server.wait_health("one queued", |h| h["queue_depth"] == 1);
     let resp = post(server.addr, "/v1/chat/completions", &chat("m", false));
     assert_eq!(resp.status, 429);
-    assert_eq!(resp.header("retry-after"), Some("1"));
-    assert_eq!(resp.json()["error"]["code"], "queue_full");
+    // Nothing finished yet, so the drain rate is unknown: the longest advice.
+    assert_eq!(resp.header("retry-after"), Some("60"));
+    let body = resp.json();
+    assert_eq!(body["error"]["code"], "queue_full");
+    assert_eq!(body["error"]["queueDepth"], 1);
+    assert!(body["error"]["avgWaitMs"].is_u64(), "{body}");
 }
 
 #[test]

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
-use super::api::ApiError;
+use super::errors::ApiError;
 use super::http::request::Request;
-use super::relay::Caller;
+use super::tenancy::identity::Caller;
 use super::Ctx;
 
 /// Compares secrets without leaking where they differ through timing.
@@ -112,9 +112,10 @@ pub fn authorize_client(ctx: &Ctx, req: &Request, ip: IpAddr) -> Result<Caller, 
             ));
         };
         match ctx.keys.as_ref().and_then(|k| k.verify(secret)) {
-            Some(id) => Ok(Caller {
-                key_id: Some(id),
+            Some(key) => Ok(Caller {
+                key: Some(key),
                 consumed_header: Some(header),
+                ..Caller::default()
             }),
             None => Err(ApiError::new(
                 401,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::dispatcher;
 use super::http::request::Limits;
+use super::tenancy::policy::Policy;
 use crate::cli::{ConfigError, Opt, Settings};
 
 pub const USAGE: &str = "modelrelay-server — the central relay: clients speak OpenAI/Anthropic HTTP, workers dial in over WebSocket.\n\nUsage: modelrelay-server [OPTIONS]";
@@ -119,6 +120,36 @@ pub const OPTIONS: &[Opt] = &[
         help: "PEM private key for --tls-cert-file",
     },
     Opt {
+        flag: "max-queue-per-tenant",
+        env: "MAX_QUEUE_PER_TENANT",
+        default: None,
+        help: "requests one tenant may have waiting before 429 tenant_queue_full (default: half of MAX_QUEUE_LEN)",
+    },
+    Opt {
+        flag: "priority-aging-secs",
+        env: "PRIORITY_AGING_SECS",
+        default: Some("10"),
+        help: "wait after which a queued request moves up one priority class (0: never)",
+    },
+    Opt {
+        flag: "default-rate-limit",
+        env: "DEFAULT_RATE_LIMIT",
+        default: None,
+        help: "request rate for tenants without TENANT_RATE_LIMIT_<tenant>, e.g. 100req/min",
+    },
+    Opt {
+        flag: "default-token-limit",
+        env: "DEFAULT_TOKEN_LIMIT",
+        default: None,
+        help: "token budget for tenants without TENANT_TOKEN_LIMIT_<tenant>, e.g. 50000tok/min",
+    },
+    Opt {
+        flag: "metrics-max-tenants",
+        env: "METRICS_MAX_TENANTS",
+        default: Some("100"),
+        help: "tenants named in /metrics and /admin/stats; the rest count as `other`",
+    },
+    Opt {
         flag: "log-level",
         env: "LOG_LEVEL",
         default: Some("info"),
@@ -148,12 +179,18 @@ pub struct ServerConfig {
     pub state_dir: std::path::PathBuf,
     /// Certificate chain and key files, when the server terminates TLS itself.
     pub tls: Option<(String, String)>,
+    /// Per-tenant rate limits, token budgets and weights.
+    pub tenancy: Policy,
+    pub metrics_max_tenants: usize,
 }
 
 impl ServerConfig {
     pub fn from_settings(s: &Settings) -> Result<ServerConfig, ConfigError> {
+        let max_queue_len: usize = s.number("max-queue-len", 100)?;
         let dispatch = dispatcher::Config {
-            max_queue_len: s.number("max-queue-len", 100)?,
+            max_queue_len,
+            max_queue_per_tenant: s.number("max-queue-per-tenant", (max_queue_len / 2).max(1))?,
+            priority_aging: s.secs("priority-aging-secs", 10)?,
             queue_timeout: s.secs("queue-timeout-secs", 30)?,
             request_timeout: s.secs("request-timeout-secs", 300)?,
             heartbeat_interval: s.secs("heartbeat-interval-secs", 15)?,
@@ -187,6 +224,13 @@ impl ServerConfig {
             require_api_keys: s.flag_bool("require-api-keys")?,
             state_dir: s.string("state-dir", "/var/lib/modelrelay").into(),
             tls: tls_files(s)?,
+            tenancy: Policy::from_env(
+                std::env::vars(),
+                s.get("default-rate-limit"),
+                s.get("default-token-limit"),
+            )
+            .map_err(ConfigError)?,
+            metrics_max_tenants: s.number("metrics-max-tenants", 100)?,
         })
     }
 }

@@ -30,6 +30,34 @@ pub struct KeyRecord {
     pub last_used_unix: Option<u64>,
     #[serde(default)]
     pub revoked: bool,
+    /// What the key's holder may do (absent in key files written before tenants).
+    #[serde(flatten)]
+    pub grant: KeyGrant,
+}
+
+/// A key's tenant and limits, all optional; validated by the admin route that sets
+/// them, kept here as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyGrant {
+    /// Tenant the key belongs to; none: a tenant of its own, named by the key id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Highest `X-Priority` the key may use (`high`, `normal`, `low`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority: Option<String>,
+    /// Request rate, e.g. `100req/min`, overriding the tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// Fair-share weight of the key's requests (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+/// A live key that matched: its id and grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedKey {
+    pub id: String,
+    pub grant: KeyGrant,
 }
 
 /// What `GET /admin/keys` shows: metadata only.
@@ -40,6 +68,8 @@ pub struct KeyInfo {
     pub created_unix: u64,
     pub last_used_unix: Option<u64>,
     pub revoked: bool,
+    #[serde(flatten)]
+    pub grant: KeyGrant,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -103,7 +133,7 @@ impl KeyStore {
     }
 
     /// Creates a key; returns its record and the secret (shown once).
-    pub fn create(&self, name: &str) -> Result<(KeyRecord, String), String> {
+    pub fn create(&self, name: &str, grant: KeyGrant) -> Result<(KeyRecord, String), String> {
         let secret = format!("mr-{}", random_hex(32)?);
         let record = KeyRecord {
             id: format!("key-{}", random_hex(6)?),
@@ -112,6 +142,7 @@ impl KeyStore {
             created_unix: now_unix(),
             last_used_unix: None,
             revoked: false,
+            grant,
         };
         let mut keys = self.keys.write();
         let mut next = keys.clone();
@@ -134,6 +165,7 @@ impl KeyStore {
                 created_unix: k.created_unix,
                 last_used_unix: k.last_used_unix,
                 revoked: k.revoked,
+                grant: k.grant.clone(),
             })
             .collect()
     }
@@ -151,13 +183,16 @@ impl KeyStore {
         Ok(true)
     }
 
-    /// The id of the live key with this secret.
-    pub fn verify(&self, secret: &str) -> Option<String> {
+    /// The live key with this secret.
+    pub fn verify(&self, secret: &str) -> Option<VerifiedKey> {
         let index = *self.by_hash.read().get(&hash(secret))?;
         let mut keys = self.keys.write();
         let key = keys.get_mut(index).filter(|k| !k.revoked)?;
         key.last_used_unix = Some(now_unix());
-        Some(key.id.clone())
+        Some(VerifiedKey {
+            id: key.id.clone(),
+            grant: key.grant.clone(),
+        })
     }
 
     /// Writes the list atomically: temp file, fsync, rename, fsync directory.
@@ -213,9 +248,20 @@ mod tests {
     fn create_verify_revoke_and_reload() {
         let dir = temp_dir("cycle");
         let store = KeyStore::open(&dir).unwrap();
-        let (rec, secret) = store.create("app").unwrap();
+        let grant = KeyGrant {
+            tenant: Some("team-a".into()),
+            weight: Some(2),
+            ..KeyGrant::default()
+        };
+        let (rec, secret) = store.create("app", grant.clone()).unwrap();
         assert!(secret.starts_with("mr-") && secret.len() == 67);
-        assert_eq!(store.verify(&secret), Some(rec.id.clone()));
+        assert_eq!(
+            store.verify(&secret),
+            Some(VerifiedKey {
+                id: rec.id.clone(),
+                grant: grant.clone()
+            })
+        );
         assert_eq!(store.verify("mr-wrong"), None);
         let text = fs::read_to_string(dir.join(FILE_NAME)).unwrap();
         assert!(!text.contains(&secret), "the secret is never stored");
@@ -225,7 +271,24 @@ mod tests {
         assert!(!store.revoke("key-nope").unwrap());
         let reloaded = KeyStore::open(&dir).unwrap();
         assert!(reloaded.list()[0].revoked);
+        assert_eq!(
+            reloaded.list()[0].grant,
+            grant,
+            "the grant survives a reload"
+        );
         assert_eq!(reloaded.verify(&secret), None);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_key_file_from_before_tenants_still_loads() {
+        let dir = temp_dir("old");
+        fs::create_dir_all(&dir).unwrap();
+        let old =
+            r#"{"version":1,"keys":[{"id":"key-1","name":"n","sha256":"ab","created_unix":1}]}"#;
+        fs::write(dir.join(FILE_NAME), old).unwrap();
+        let store = KeyStore::open(&dir).unwrap();
+        assert_eq!(store.list()[0].grant, KeyGrant::default());
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -6,7 +6,7 @@
 //! durations, time to first chunk, auth failures, per-key usage). `/metrics` and
 //! `/admin/stats` combine a snapshot of both.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -83,6 +83,58 @@ pub struct KeyUsage {
 #[derive(Debug, Default)]
 pub struct HttpMetrics {
     inner: Mutex<HttpInner>,
+    /// Tenants named in the per-tenant figures; later ones count as [`OTHER_TENANT`].
+    max_tenants: usize,
+}
+
+/// The label under which tenants beyond `METRICS_MAX_TENANTS` are counted.
+pub const OTHER_TENANT: &str = "other";
+/// Recent queue waits kept per tenant for percentiles.
+const RECENT_TENANT_WAITS: usize = 256;
+
+/// What one tenant did, as the HTTP side saw it.
+#[derive(Debug, Default, Clone)]
+pub struct TenantStats {
+    /// (priority, status class) → finished requests.
+    pub requests: BTreeMap<(&'static str, String), u64>,
+    pub completed: u64,
+    /// Every other outcome (failure or rejection code) → count.
+    pub rejected: BTreeMap<String, u64>,
+    /// Queue wait by priority.
+    pub wait: BTreeMap<&'static str, Histogram>,
+    pub recent_waits: VecDeque<Duration>,
+    pub tokens_in: u64,
+    pub tokens_out: u64,
+}
+
+impl TenantStats {
+    /// Percentile (0–100) of the recent queue waits.
+    pub fn wait_percentile(&self, pct: usize) -> Duration {
+        let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();
+        v.sort_unstable();
+        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn record(&mut self, f: &Finished, priority: &'static str) {
+        let class = format!("{}xx", f.status / 100);
+        *self.requests.entry((priority, class)).or_default() += 1;
+        if f.outcome == "completed" {
+            self.completed += 1;
+        } else {
+            *self.rejected.entry(f.outcome.to_string()).or_default() += 1;
+        }
+        if let Some(w) = f.queue_wait {
+            self.wait.entry(priority).or_default().observe(w);
+            if self.recent_waits.len() == RECENT_TENANT_WAITS {
+                self.recent_waits.pop_front();
+            }
+            self.recent_waits.push_back(w);
+        }
+        self.tokens_in += f.tokens.0;
+        self.tokens_out += f.tokens.1;
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -96,6 +148,8 @@ pub struct HttpInner {
     pub auth_failures: BTreeMap<String, u64>,
     /// key id → usage
     pub keys: BTreeMap<String, KeyUsage>,
+    /// tenant (capped, see [`OTHER_TENANT`]) → what it did
+    pub tenants: BTreeMap<String, TenantStats>,
 }
 
 /// One finished client request, as the HTTP side saw it.
@@ -107,11 +161,35 @@ pub struct Finished<'a> {
     pub first_chunk: Option<Duration>,
     pub key: Option<&'a str>,
     pub tokens: (u64, u64),
+    /// Tenant and priority, once the caller was identified.
+    pub tenant: Option<(&'a str, &'static str)>,
+    /// `completed`, or the failure / rejection code.
+    pub outcome: &'a str,
+    pub queue_wait: Option<Duration>,
 }
 
 impl HttpMetrics {
+    /// `max_tenants`: how many tenants get their own label (`METRICS_MAX_TENANTS`).
+    pub fn new(max_tenants: usize) -> HttpMetrics {
+        HttpMetrics {
+            inner: Mutex::default(),
+            max_tenants,
+        }
+    }
+
     pub fn finished(&self, f: &Finished) {
         let mut m = self.inner.lock();
+        if let Some((tenant, priority)) = f.tenant {
+            let label = if m.tenants.contains_key(tenant) || m.tenants.len() < self.max_tenants {
+                tenant
+            } else {
+                OTHER_TENANT
+            };
+            m.tenants
+                .entry(label.to_string())
+                .or_default()
+                .record(f, priority);
+        }
         let class = format!("{}xx", f.status / 100);
         *m.requests
             .entry((f.route.to_string(), f.model.to_string(), class))

@@ -13,16 +13,20 @@
 //! Every decision is made by the [`dispatcher::Dispatcher`] state machine; the threads
 //! around it only move bytes and events.
 
-pub mod api;
+mod api;
 pub mod auth;
+pub mod body;
 pub mod config;
 pub mod dispatcher;
+pub mod errors;
 pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod ops;
 pub mod relay;
 pub mod shared;
+pub mod status;
+pub mod tenancy;
 pub mod worker_socket;
 
 use std::io::Write;
@@ -50,6 +54,8 @@ pub struct Ctx {
     pub shared: Arc<Shared>,
     pub limiter: auth::FailureLimiter,
     pub http_metrics: metrics::HttpMetrics,
+    /// Per-tenant rate limits and token budgets.
+    pub gate: tenancy::gate::Gate,
     /// Client API keys (loaded when admin or key auth is configured).
     pub keys: Option<keys::KeyStore>,
     /// The TLS configuration new connections use; replaced on reload.
@@ -139,7 +145,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     };
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
-        http_metrics: metrics::HttpMetrics::default(),
+        http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
+        gate: tenancy::gate::Gate::new(cfg.tenancy.clone()),
         keys,
         #[cfg(feature = "server-tls")]
         tls,
@@ -223,10 +230,14 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
                 ctx.cfg.max_connections
             );
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            let e = api::ApiError::new(503, "too_many_connections", "connection limit reached");
+            let e = errors::ApiError::new(503, "too_many_connections", "connection limit reached");
             if ctx.cfg.tls.is_none() {
-                let _ =
-                    stream.write_all(&relay::error_response(api::Style::OpenAi, &e, false, &[]));
+                let _ = stream.write_all(&relay::error_response(
+                    errors::Style::OpenAi,
+                    &e,
+                    false,
+                    &[],
+                ));
             }
             continue;
         }

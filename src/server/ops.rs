@@ -8,13 +8,16 @@ use std::time::Duration;
 use log::info;
 use serde_json::{json, Value};
 
-use super::api::{ApiError, Style};
 use super::auth::authorize_admin;
 use super::dispatcher::runtime::{Answer, Input, Query, StatsSnapshot};
+use super::dispatcher::Priority;
+use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
-use super::http::response;
+use super::keys::KeyGrant;
 use super::metrics::{Exposition, HttpInner};
 use super::relay::write_error;
+use super::tenancy::identity::valid_tenant;
+use super::tenancy::limits::Rate;
 use super::Ctx;
 
 fn ask(ctx: &Ctx, query: Query) -> Option<Answer> {
@@ -44,16 +47,12 @@ pub fn metrics(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         &ctx.http_metrics.snapshot(),
         ctx.shared.started.elapsed(),
     );
-    let headers = [("content-type", "text/plain; version=0.0.4; charset=utf-8")];
-    response::write_full(
-        &mut conn.stream,
+    conn.write_full(
         200,
-        &headers,
+        "text/plain; version=0.0.4; charset=utf-8",
         text.as_bytes(),
         req.keep_alive,
     )
-    .is_ok()
-        && req.keep_alive
 }
 
 /// Renders every metric family in the Prometheus text format.
@@ -195,6 +194,7 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
             output,
         );
     }
+    render_tenants(&mut e, http);
     e.family(
         "modelrelay_uptime_seconds",
         "gauge",
@@ -206,6 +206,48 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
         format!("{:.3}", uptime.as_secs_f64()),
     );
     e.out
+}
+
+/// Requests and queue wait by tenant and priority, and rate-limit refusals by tenant.
+/// Tenant names beyond `METRICS_MAX_TENANTS` are already folded into `other`.
+fn render_tenants(e: &mut Exposition, http: &HttpInner) {
+    e.family(
+        "modelrelay_tenant_requests_total",
+        "counter",
+        "Finished client requests by tenant, priority and status class.",
+    );
+    for (tenant, t) in &http.tenants {
+        for ((priority, class), n) in &t.requests {
+            let labels = [
+                ("tenant", tenant.as_str()),
+                ("priority", priority),
+                ("status_class", class.as_str()),
+            ];
+            e.sample("modelrelay_tenant_requests_total", &labels, n);
+        }
+    }
+    e.family(
+        "modelrelay_tenant_queue_wait_seconds",
+        "histogram",
+        "Time from arrival to dispatch, by tenant and priority.",
+    );
+    for (tenant, t) in &http.tenants {
+        for (priority, h) in &t.wait {
+            let labels = [("tenant", tenant.as_str()), ("priority", priority)];
+            e.histogram("modelrelay_tenant_queue_wait_seconds", &labels, h);
+        }
+    }
+    e.family(
+        "modelrelay_rate_limited_total",
+        "counter",
+        "Requests refused for a tenant's rate limit or token budget.",
+    );
+    for (tenant, t) in &http.tenants {
+        let n = t.rejected.get("rate_limit_exceeded").copied().unwrap_or(0);
+        if n > 0 {
+            e.sample("modelrelay_rate_limited_total", &[("tenant", tenant)], n);
+        }
+    }
 }
 
 /// Everything under `/admin/`.
@@ -230,7 +272,7 @@ pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         )),
     };
     match result {
-        Ok((status, body)) => response::write_json(&mut conn.stream, status, &body, keep),
+        Ok((status, body)) => conn.write_json(status, &body, keep),
         Err(e) => write_error(conn, Style::OpenAi, &e, keep, None),
     }
 }
@@ -304,10 +346,43 @@ fn admin_stats(ctx: &Ctx) -> AdminResult {
             "heartbeat_timeouts": s.counters.heartbeat_timeouts,
             "tokens_by_model": tokens,
             "keys": http.keys,
+            "tenants": tenant_stats(&s, &http),
             "auth_failures": http.auth_failures,
             "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
         }),
     ))
+}
+
+/// Per tenant: waiting and running now (from the dispatcher), and what finished (from
+/// the HTTP side, capped at `METRICS_MAX_TENANTS` names).
+fn tenant_stats(s: &StatsSnapshot, http: &HttpInner) -> Value {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let mut out = serde_json::Map::new();
+    for (tenant, t) in &http.tenants {
+        let (queued, in_flight) = s.tenants.get(tenant).copied().unwrap_or((0, 0));
+        out.insert(
+            tenant.clone(),
+            json!({
+                "queued": queued,
+                "in_flight": in_flight,
+                "completed": t.completed,
+                "rejected_by_reason": t.rejected,
+                "wait_ms": {"p50": ms(t.wait_percentile(50)), "p95": ms(t.wait_percentile(95))},
+                "tokens": {"in": t.tokens_in, "out": t.tokens_out},
+            }),
+        );
+    }
+    for (tenant, (queued, in_flight)) in &s.tenants {
+        if !out.contains_key(tenant) {
+            out.insert(
+                tenant.clone(),
+                json!({"queued": queued, "in_flight": in_flight, "completed": 0,
+                       "rejected_by_reason": {}, "wait_ms": {"p50": 0.0, "p95": 0.0},
+                       "tokens": {"in": 0, "out": 0}}),
+            );
+        }
+    }
+    Value::Object(out)
 }
 
 fn drain(ctx: &Ctx, id: &str, body: &[u8]) -> AdminResult {
@@ -371,14 +446,72 @@ fn create_key(ctx: &Ctx, body: &[u8]) -> AdminResult {
                 "`name` must be a non-empty string (at most 200 bytes)",
             )
         })?;
+    let grant = key_grant(&v)?;
     let (record, secret) = key_store(ctx)?
-        .create(name)
+        .create(name, grant.clone())
         .map_err(|e| ApiError::new(500, "key_store_error", e))?;
     info!("admin: created API key {} ({})", record.id, record.name);
     Ok((
         201,
-        json!({"id": record.id, "name": record.name, "key": secret, "created_unix": record.created_unix}),
+        json!({"id": record.id, "name": record.name, "key": secret, "created_unix": record.created_unix,
+               "tenant": grant.tenant, "max_priority": grant.max_priority,
+               "rate_limit": grant.rate_limit, "weight": grant.weight}),
     ))
+}
+
+/// Reads and checks the optional `tenant`, `max_priority`, `rate_limit` and `weight` of a
+/// new key.
+fn key_grant(v: &Value) -> Result<KeyGrant, ApiError> {
+    let bad = |code: &str, message: &str| ApiError::new(400, code, message);
+    let text = |name: &str| -> Result<Option<String>, ApiError> {
+        match v.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.trim().to_string())),
+            Some(_) => Err(bad(
+                "invalid_key_field",
+                &format!("`{name}` must be a string"),
+            )),
+        }
+    };
+    let tenant = text("tenant")?;
+    if tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
+        return Err(bad(
+            "invalid_tenant",
+            "`tenant` must be 1-64 characters of A-Z a-z 0-9 . _ : -",
+        ));
+    }
+    let max_priority = text("max_priority")?;
+    if let Some(p) = &max_priority {
+        if Priority::parse(p).is_none() {
+            return Err(bad(
+                "invalid_priority",
+                "`max_priority` must be high, normal or low",
+            ));
+        }
+    }
+    let rate_limit = text("rate_limit")?;
+    if let Some(r) = &rate_limit {
+        Rate::parse_requests(r).map_err(|e| bad("invalid_rate_limit", &e))?;
+    }
+    let weight = match v.get("weight") {
+        None | Some(Value::Null) => None,
+        Some(w) => Some(
+            w.as_u64()
+                .filter(|w| (1..=1000).contains(w))
+                .ok_or_else(|| {
+                    bad(
+                        "invalid_weight",
+                        "`weight` must be a whole number from 1 to 1000",
+                    )
+                })? as u32,
+        ),
+    };
+    Ok(KeyGrant {
+        tenant,
+        max_priority: max_priority.map(|p| p.to_ascii_lowercase()),
+        rate_limit,
+        weight,
+    })
 }
 
 fn revoke_key(ctx: &Ctx, id: &str) -> AdminResult {

@@ -17,52 +17,47 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::{debug, info};
 
-use super::api::{inspect_body, ApiError, Style, FORWARDED_HEADERS};
+use super::body::{cache_reuse, inspect_body, FORWARDED_HEADERS};
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
+use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::http::response::{self, Framing};
 use super::metrics::Finished;
+use super::tenancy::gate::RateHeaders;
+use super::tenancy::identity::Caller;
 use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
 
 /// How often a waiting connection checks whether its client is still there.
 pub const HANGUP_CHECK: Duration = Duration::from_millis(200);
 
-/// Who is calling: the API key id when keys are required (its header is then consumed
-/// by the relay and not forwarded to the backend).
-#[derive(Debug, Clone, Default)]
-pub struct Caller {
-    pub key_id: Option<String>,
-    /// Header carrying the relay key, removed from the forwarded headers.
-    pub consumed_header: Option<&'static str>,
-}
-
 /// Relays one inference request; returns whether the connection may be reused.
 pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
     let style = Style::for_path(&req.path);
     let started = Instant::now();
+    let keep = req.keep_alive;
     let info = match inspect_body(&req.body) {
         Ok(info) => info,
-        Err(e) => return reject(conn, ctx, &req.path, &e, req.keep_alive),
+        Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
     };
+    let rate = match ctx.gate.admit(&caller, started) {
+        Ok(rate) => rate,
+        Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
+    };
+    let progress = info.stream
+        && req
+            .header("x-queue-updates")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     // inspect_body parsed it as JSON, so it is UTF-8; stay defensive anyway.
     let body = match String::from_utf8(req.body) {
         Ok(b) => b,
         Err(_) => {
             let e = ApiError::new(400, "invalid_json", "request body is not UTF-8");
-            return reject(conn, ctx, &req.path, &e, req.keep_alive);
+            return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller));
         }
     };
-    let headers: HeaderMap = req
-        .headers
-        .iter()
-        .filter(|(name, _)| {
-            FORWARDED_HEADERS.contains(&name.as_str())
-                && Some(name.as_str()) != caller.consumed_header
-        })
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .collect();
+    let headers = forwarded_headers(&req.headers, &caller);
     let id = ctx.next_request_id();
     let wire = wire_request_id(id);
     let msg = Arc::new(RequestMessage {
@@ -75,18 +70,20 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
     });
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
+    let who = caller.who.clone();
     let mut session = Session {
         conn,
         ctx,
         id,
         wire,
         style,
-        keep_alive: req.keep_alive,
+        keep_alive: keep,
         http10: req.http10,
         framing: None,
         route: req.path,
         model: info.model,
         caller,
+        rate,
         started,
         queue_wait: None,
         worker: None,
@@ -94,10 +91,35 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
         status: 0,
         tokens: (0, 0),
     };
-    if ctx.inputs.send(Input::Submit { id, msg, reply }).is_err() {
+    let submit = Input::Submit {
+        id,
+        msg,
+        who,
+        progress,
+        reply,
+    };
+    if ctx.inputs.send(submit).is_err() {
         return session.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new());
     }
     session.wait(events)
+}
+
+/// The client headers that travel to the backend, minus the relay's own key; the
+/// resolved tenant and priority go along when the caller named them or holds a key.
+fn forwarded_headers(all: &[(String, String)], caller: &Caller) -> HeaderMap {
+    let mut headers: HeaderMap = all
+        .iter()
+        .filter(|(name, _)| {
+            FORWARDED_HEADERS.contains(&name.as_str())
+                && Some(name.as_str()) != caller.consumed_header
+        })
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    if caller.explicit || caller.key.is_some() {
+        headers.insert("x-tenant-id".into(), caller.who.tenant.to_string());
+        headers.insert("x-priority".into(), caller.who.priority.as_str().into());
+    }
+    headers
 }
 
 struct Session<'a> {
@@ -113,6 +135,8 @@ struct Session<'a> {
     route: String,
     model: String,
     caller: Caller,
+    /// The tenant's request-rate state, reported in `x-ratelimit-*` headers.
+    rate: Option<RateHeaders>,
     started: Instant,
     queue_wait: Option<Duration>,
     worker: Option<String>,
@@ -144,13 +168,16 @@ impl Session<'_> {
                     self.worker = Some(worker);
                     continue;
                 }
+                ClientEvent::Queued { position, eta_ms } => {
+                    self.push_progress(&mut buf, position, eta_ms);
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
-                            ClientEvent::Dispatched { .. } => {}
+                            ClientEvent::Dispatched { .. } | ClientEvent::Queued { .. } => {}
                             other => {
                                 last = Some(other);
                                 break;
@@ -202,11 +229,19 @@ impl Session<'_> {
             .queue_wait
             .map(|w| w.as_millis().to_string())
             .unwrap_or_else(|| "-".into());
+        let who = &self.caller.who;
+        let capped = if self.caller.asked != who.priority {
+            format!("(asked {})", self.caller.asked.as_str())
+        } else {
+            String::new()
+        };
         info!(
-            "request {} {} model={} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
+            "request {} {} model={} tenant={} priority={}{capped} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
             self.wire,
             self.route,
             self.model,
+            who.tenant,
+            who.priority.as_str(),
             self.worker.as_deref().unwrap_or("-"),
             self.status,
             wait,
@@ -221,8 +256,11 @@ impl Session<'_> {
             status: self.status,
             duration,
             first_chunk: self.first_chunk,
-            key: self.caller.key_id.as_deref(),
+            key: self.caller.key_id(),
             tokens: self.tokens,
+            tenant: Some((&who.tenant, who.priority.as_str())),
+            outcome,
+            queue_wait: self.queue_wait,
         });
     }
 
@@ -233,30 +271,59 @@ impl Session<'_> {
             .to_string()
     }
 
-    fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
-        let framing = match self.framing {
-            Some(f) => f,
-            None => {
-                let f = if self.http10 {
-                    Framing::UntilClose
-                } else {
-                    Framing::Chunked
-                };
-                let wait = self.queue_wait_ms();
-                let headers = [
-                    ("content-type", "text/event-stream"),
-                    ("cache-control", "no-cache"),
-                    ("x-request-id", self.wire.as_str()),
-                    ("x-queue-wait-ms", wait.as_str()),
-                ];
-                buf.extend_from_slice(&response::head(200, &headers, f, self.keep_alive));
-                self.framing = Some(f);
-                self.status = 200;
-                self.first_chunk = Some(self.started.elapsed());
-                f
-            }
+    /// Headers every relayed answer carries: request id, queue wait, time on the worker
+    /// so far (dispatch to now: the last byte for whole answers, the first for streams)
+    /// and the tenant's rate-limit state.
+    fn relay_headers(&self) -> Vec<(&'static str, String)> {
+        let mut h = vec![
+            ("x-request-id", self.wire.clone()),
+            ("x-queue-wait-ms", self.queue_wait_ms()),
+        ];
+        if let Some(wait) = self.queue_wait {
+            let on_worker = self.started.elapsed().saturating_sub(wait);
+            h.push(("x-gpu-time-ms", on_worker.as_millis().to_string()));
+        }
+        if let Some(rate) = &self.rate {
+            h.extend(rate.render());
+        }
+        h
+    }
+
+    /// Writes the `200` event-stream head once; returns the framing in use.
+    fn open_stream(&mut self, buf: &mut Vec<u8>) -> Framing {
+        if let Some(f) = self.framing {
+            return f;
+        }
+        let f = if self.http10 {
+            Framing::UntilClose
+        } else {
+            Framing::Chunked
         };
+        let extra = self.relay_headers();
+        let mut headers = vec![
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+        ];
+        headers.extend(extra.iter().map(|(n, v)| (*n, v.as_str())));
+        buf.extend_from_slice(&response::head(200, &headers, f, self.keep_alive));
+        self.framing = Some(f);
+        self.status = 200;
+        f
+    }
+
+    fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
+        let framing = self.open_stream(buf);
+        if self.first_chunk.is_none() {
+            self.first_chunk = Some(self.started.elapsed());
+        }
         response::push_chunk(buf, chunk.as_bytes(), framing);
+    }
+
+    /// An SSE comment for a waiting stream that asked for progress (`X-Queue-Updates`).
+    fn push_progress(&mut self, buf: &mut Vec<u8>, position: usize, eta_ms: u64) {
+        let framing = self.open_stream(buf);
+        let note = format!(": queued position={} eta_ms={eta_ms}\n\n", position + 1);
+        response::push_chunk(buf, note.as_bytes(), framing);
     }
 
     fn push_final(&mut self, buf: &mut Vec<u8>, event: ClientEvent) {
@@ -266,13 +333,10 @@ impl Session<'_> {
             (None, ClientEvent::Failed(f)) => {
                 let e = ApiError::from_failure(&f, queue_timeout);
                 self.status = e.status;
-                let wait = self.queue_wait_ms();
-                buf.extend_from_slice(&error_response(
-                    self.style,
-                    &e,
-                    self.keep_alive,
-                    &[("x-request-id", &self.wire), ("x-queue-wait-ms", &wait)],
-                ));
+                let extra = self.relay_headers();
+                let extra: Vec<(&str, &str)> =
+                    extra.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                buf.extend_from_slice(&error_response(self.style, &e, self.keep_alive, &extra));
             }
             (Some(framing), ClientEvent::Complete(rc)) => {
                 self.note_tokens(&rc);
@@ -285,16 +349,21 @@ impl Session<'_> {
                 response::push_end(buf, framing);
             }
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
-            (_, ClientEvent::Dispatched { .. }) => {}
+            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. }) => {}
         }
     }
 
+    /// Takes the token counts of a finished answer and charges the tenant's budget.
     fn note_tokens(&mut self, rc: &ResponseComplete) {
         if let Some(t) = &rc.token_counts {
             self.tokens = (
                 t.prompt_tokens.unwrap_or(0),
                 t.completion_tokens.unwrap_or(0),
             );
+            let used = self.tokens.0 + self.tokens.1;
+            self.ctx
+                .gate
+                .charge(&self.caller.who.tenant, used, Instant::now());
         }
     }
 
@@ -307,7 +376,7 @@ impl Session<'_> {
             502
         };
         self.status = status;
-        let wait = self.queue_wait_ms();
+        let relay = self.relay_headers();
         let mut headers: Vec<(&str, &str)> = rc
             .headers
             .iter()
@@ -320,9 +389,14 @@ impl Session<'_> {
         {
             headers.push(("content-type", "application/json"));
         }
-        headers.push(("x-request-id", self.wire.as_str()));
-        headers.push(("x-queue-wait-ms", wait.as_str()));
-        let body = rc.body.as_deref().unwrap_or("").as_bytes();
+        let body_text = rc.body.as_deref().unwrap_or("");
+        let reused = cache_reuse(body_text);
+        let hit = if reused > 0 { "true" } else { "false" };
+        let reused = reused.to_string();
+        headers.push(("x-cache-hit", hit));
+        headers.push(("x-cache-tokens-reused", reused.as_str()));
+        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
+        let body = body_text.as_bytes();
         buf.extend_from_slice(&response::head(
             status,
             &headers,
@@ -336,10 +410,25 @@ impl Session<'_> {
 /// Answers an inference request refused before it reached the dispatcher (bad body,
 /// missing key, ...) like any other: with a request id, metrics and an access line.
 pub fn reject(conn: &mut Conn, ctx: &Ctx, route: &str, e: &ApiError, keep_alive: bool) -> bool {
+    reject_caller(conn, ctx, route, e, keep_alive, None)
+}
+
+/// [`reject`] for a caller already identified (its tenant is logged and counted).
+pub fn reject_caller(
+    conn: &mut Conn,
+    ctx: &Ctx,
+    route: &str,
+    e: &ApiError,
+    keep_alive: bool,
+    caller: Option<&Caller>,
+) -> bool {
     let wire = wire_request_id(ctx.next_request_id());
+    let tenant = caller.map(|c| (&*c.who.tenant, c.who.priority.as_str()));
     info!(
-        "request {wire} {route} model=- worker=- status={} queue_wait_ms=- duration_ms=0 tokens_in=0 tokens_out=0 outcome=rejected:{}",
-        e.status, e.code
+        "request {wire} {route} model=- tenant={} worker=- status={} queue_wait_ms=- duration_ms=0 tokens_in=0 tokens_out=0 outcome=rejected:{}",
+        tenant.map_or("-", |t| t.0),
+        e.status,
+        e.code
     );
     ctx.http_metrics.finished(&Finished {
         route,
@@ -347,8 +436,11 @@ pub fn reject(conn: &mut Conn, ctx: &Ctx, route: &str, e: &ApiError, keep_alive:
         status: e.status,
         duration: Duration::ZERO,
         first_chunk: None,
-        key: None,
+        key: caller.and_then(Caller::key_id),
         tokens: (0, 0),
+        tenant,
+        outcome: &e.code,
+        queue_wait: None,
     });
     let headers = [("x-request-id", wire.as_str()), ("x-queue-wait-ms", "0")];
     let response = error_response(Style::for_path(route), e, keep_alive, &headers);
@@ -382,6 +474,7 @@ pub fn write_error(
     keep_alive: bool,
     id: Option<&str>,
 ) -> bool {
+    let id = id.or(conn.request_id.as_deref());
     let extra: Vec<(&str, &str)> = id.map(|id| ("x-request-id", id)).into_iter().collect();
     conn.stream
         .write_all(&error_response(style, e, keep_alive, &extra))

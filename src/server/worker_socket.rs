@@ -16,10 +16,10 @@ use log::{debug, info, warn};
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
-use super::api::{ApiError, Style};
 use super::auth::authorize_worker;
 use super::dispatcher::runtime::{Input, Outbound};
 use super::dispatcher::{Event, WorkerId};
+use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::relay::write_error;
 use super::Ctx;

@@ -13,9 +13,10 @@
 //! | `requests.rs` | submit, queue, dispatch, complete, cancel, request timeouts |
 //! | `workers.rs` | register, messages, heartbeats, loss and requeue, drain |
 //! | `shutdown.rs` | server drain and exit |
-//! | `registry.rs`, `queue.rs`, `stats.rs` | the data it owns |
+//! | `fair_queue.rs` | the wait queue: priority classes, aging, fair share by tenant |
+//! | `registry.rs`, `stats.rs` | the other data it owns |
 
-mod queue;
+pub mod fair_queue;
 mod registry;
 mod requests;
 pub mod runtime;
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 use crate::protocol::{
     RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
-pub use queue::Queue;
+pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};
 pub use stats::{Counters, Gauges};
 
@@ -63,6 +64,10 @@ pub struct Config {
     pub heartbeat_timeout: Duration,
     pub max_requeues: u32,
     pub max_models_per_worker: usize,
+    /// Requests one tenant may have waiting (`MAX_QUEUE_PER_TENANT`).
+    pub max_queue_per_tenant: usize,
+    /// Wait after which a queued request moves up one priority class.
+    pub priority_aging: Duration,
 }
 
 impl Default for Config {
@@ -75,6 +80,8 @@ impl Default for Config {
             heartbeat_timeout: Duration::from_secs(45),
             max_requeues: 3,
             max_models_per_worker: 256,
+            max_queue_per_tenant: 50,
+            priority_aging: Duration::from_secs(10),
         }
     }
 }
@@ -86,6 +93,9 @@ pub enum Event {
     Submit {
         id: RequestId,
         msg: Arc<RequestMessage>,
+        who: Who,
+        /// Send [`ClientEvent::Queued`] about once a second while it waits.
+        progress: bool,
     },
     /// The client hung up before its answer was complete.
     ClientGone(RequestId),
@@ -132,6 +142,9 @@ pub enum ClientEvent {
         queue_wait: Duration,
         worker: String,
     },
+    /// Still waiting (only for requests that asked for progress): how many go
+    /// before it and a guess of the wait left.
+    Queued { position: usize, eta_ms: u64 },
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
     /// The worker finished; final.
@@ -149,7 +162,10 @@ impl ClientEvent {
 /// Why a request failed, mapped to an HTTP status and error body by the HTTP layer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
-    QueueFull,
+    /// The whole queue is at `MAX_QUEUE_LEN`.
+    QueueFull(Backpressure),
+    /// The caller's tenant has `MAX_QUEUE_PER_TENANT` waiting.
+    TenantQueueFull(Backpressure),
     QueueTimeout,
     RequestTimeout,
     RequeueExhausted,
@@ -174,7 +190,8 @@ impl Failure {
     /// Stable machine code, also the `code` field of the client's error body.
     pub fn code(&self) -> &'static str {
         match self {
-            Failure::QueueFull => "queue_full",
+            Failure::QueueFull(_) => "queue_full",
+            Failure::TenantQueueFull(_) => "tenant_queue_full",
             Failure::QueueTimeout => "queue_timeout",
             Failure::RequestTimeout => "request_timeout",
             Failure::RequeueExhausted => "requeue_exhausted",
@@ -187,9 +204,20 @@ impl Failure {
     }
 }
 
+/// What a client refused for a full queue is told, so it can back off sensibly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backpressure {
+    /// Seconds until the queue has likely drained (depth ÷ recent completion rate).
+    pub retry_after_secs: u32,
+    pub queue_depth: usize,
+    pub avg_wait_ms: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
     Request(RequestId),
+    /// Time to tell a waiting client where it stands.
+    Progress(RequestId),
     WorkerSilent(WorkerId),
     WorkerDrain(WorkerId),
     Ping,
@@ -205,7 +233,13 @@ enum Stage {
 #[derive(Debug)]
 struct Request {
     msg: Arc<RequestMessage>,
+    who: Who,
     arrived: Instant,
+    /// The queue timeout counts from arrival; a requeue never extends it.
+    queue_deadline: Instant,
+    /// Where it stood in the queue, kept so a requeue puts it back there.
+    place: Option<Place>,
+    progress: bool,
     requeues: u32,
     stage: Stage,
     /// When the request times out (queue wait, or silence while in flight).
@@ -232,7 +266,9 @@ pub struct Dispatcher {
     cfg: Config,
     started: Instant,
     registry: Registry,
-    queue: Queue,
+    queue: FairQueue,
+    /// When recent requests finished, for the drain rate behind `Retry-After`.
+    recent_done: std::collections::VecDeque<Instant>,
     requests: HashMap<RequestId, Request>,
     timers: BTreeSet<(Instant, Timer)>,
     /// When each model was last advertised by some worker (for fast 404s on typos).
@@ -249,7 +285,8 @@ impl Dispatcher {
             timers: BTreeSet::new(),
             started: now,
             registry: Registry::default(),
-            queue: Queue::default(),
+            queue: FairQueue::new(Some(cfg.priority_aging)),
+            recent_done: std::collections::VecDeque::new(),
             requests: HashMap::new(),
             model_seen: HashMap::new(),
             phase: Phase::Running,
@@ -276,6 +313,21 @@ impl Dispatcher {
         }
     }
 
+    /// Tenant → (queued, in flight), for tenants with either.
+    pub fn tenant_loads(&self) -> std::collections::BTreeMap<String, (usize, usize)> {
+        let mut loads: std::collections::BTreeMap<String, (usize, usize)> = self
+            .queue
+            .tenants()
+            .map(|(t, n)| (t.to_string(), (n, 0)))
+            .collect();
+        for req in self.requests.values() {
+            if matches!(req.stage, Stage::InFlight { .. }) {
+                loads.entry(req.who.tenant.to_string()).or_default().1 += 1;
+            }
+        }
+        loads
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
@@ -292,7 +344,12 @@ impl Dispatcher {
     /// Applies one event.
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
         match event {
-            Event::Submit { id, msg } => self.submit(id, msg, now),
+            Event::Submit {
+                id,
+                msg,
+                who,
+                progress,
+            } => self.submit(id, msg, who, progress, now),
             Event::ClientGone(id) => self.client_gone(id, now),
             Event::WorkerJoined {
                 id,
@@ -317,6 +374,7 @@ impl Dispatcher {
             self.timers.remove(&(at, timer));
             match timer {
                 Timer::Request(id) => self.request_deadline(id, now),
+                Timer::Progress(id) => self.tell_progress(id, now),
                 Timer::WorkerSilent(id) => self.heartbeat_expired(id),
                 Timer::WorkerDrain(id) => self.close_worker(id, "drain timeout reached", now),
                 Timer::Ping => self.ping_all(now),

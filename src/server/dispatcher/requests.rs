@@ -2,18 +2,32 @@
 //! timeouts.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 
 use super::{
-    parse_request_id, Action, ClientEvent, Dispatcher, DrainState, Failure, Phase, Request,
-    RequestId, Stage, Timer, WorkerId,
+    parse_request_id, Action, Backpressure, ClientEvent, Dispatcher, DrainState, Failure, Phase,
+    Request, RequestId, Stage, Timer, Who, WorkerId,
 };
+
+/// Finished requests remembered for the drain rate.
+const RECENT_DONE: usize = 256;
+/// How far back the drain rate looks.
+const DRAIN_WINDOW: Duration = Duration::from_secs(60);
+/// How often a waiting client that asked for progress hears from the queue.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 use crate::protocol::{CancelReason, RequestMessage, ServerMessage};
 
 impl Dispatcher {
-    pub(super) fn submit(&mut self, id: RequestId, msg: Arc<RequestMessage>, now: Instant) {
+    pub(super) fn submit(
+        &mut self,
+        id: RequestId,
+        msg: Arc<RequestMessage>,
+        who: Who,
+        progress: bool,
+        now: Instant,
+    ) {
         if self.phase != Phase::Running {
             return self.fail(id, Failure::ShuttingDown);
         }
@@ -26,35 +40,119 @@ impl Dispatcher {
             let model = msg.model.clone();
             return self.fail(id, Failure::ModelNotFound { model, available });
         }
-        if let Some(worker) = self.registry.pick(&msg.model) {
-            let deadline = now + self.cfg.request_timeout;
-            self.requests.insert(
-                id,
-                Request {
-                    msg,
-                    arrived: now,
-                    requeues: 0,
-                    stage: Stage::Queued,
-                    deadline,
-                    timer_at: deadline,
-                    untold_dispatch: None,
-                },
-            );
+        let queue_deadline = now + self.cfg.queue_timeout;
+        let request = Request {
+            msg,
+            who,
+            arrived: now,
+            queue_deadline,
+            place: None,
+            progress,
+            requeues: 0,
+            stage: Stage::Queued,
+            deadline: queue_deadline,
+            timer_at: queue_deadline,
+            untold_dispatch: None,
+        };
+        if let Some(worker) = self.registry.pick(&request.msg.model) {
+            let mut request = request;
+            request.place = Some(self.queue.place_now(&request.who, now));
+            self.requests.insert(id, request);
             return self.assign(id, worker, now);
+        }
+        if let Some(failure) = self.admission(&request, now) {
+            return self.fail(id, failure);
+        }
+        debug!(
+            "request {} queued for model `{}` (tenant {}, {})",
+            request.msg.request_id,
+            request.msg.model,
+            request.who.tenant,
+            request.who.priority.as_str()
+        );
+        self.requests.insert(id, request);
+        self.enqueue(id, now);
+    }
+
+    /// Whether a request that must wait may join the queue: its tenant's share first,
+    /// then the whole queue.
+    fn admission(&self, req: &Request, now: Instant) -> Option<Failure> {
+        let tenant = &req.who.tenant;
+        if self.queue.tenant_len(tenant) >= self.cfg.max_queue_per_tenant {
+            warn!(
+                "tenant {tenant} has {} waiting: request {} rejected",
+                self.queue.tenant_len(tenant),
+                req.msg.request_id
+            );
+            return Some(Failure::TenantQueueFull(self.backpressure(now)));
         }
         if self.queue.len() >= self.cfg.max_queue_len {
             warn!(
                 "queue full ({} waiting): request {} rejected",
                 self.queue.len(),
-                msg.request_id
+                req.msg.request_id
             );
-            return self.fail(id, Failure::QueueFull);
+            return Some(Failure::QueueFull(self.backpressure(now)));
         }
-        debug!(
-            "request {} queued for model `{}`",
-            msg.request_id, msg.model
-        );
-        self.enqueue(id, msg, now, 0, now);
+        None
+    }
+
+    /// `Retry-After` from the measured drain rate: queue depth ÷ completions per second
+    /// over the last minute, clamped to 1–60 s (60 when nothing finished lately).
+    pub(super) fn backpressure(&self, now: Instant) -> Backpressure {
+        let depth = self.queue.len();
+        let retry = match self.drain_rate(now) {
+            Some(per_sec) if per_sec > 0.0 => (depth.max(1) as f64 / per_sec).ceil(),
+            _ => 60.0,
+        };
+        Backpressure {
+            retry_after_secs: retry.clamp(1.0, 60.0) as u32,
+            queue_depth: depth,
+            avg_wait_ms: self.counters.mean_wait().as_millis() as u64,
+        }
+    }
+
+    /// Completions per second over the recent window, if any finished in it.
+    fn drain_rate(&self, now: Instant) -> Option<f64> {
+        let recent: Vec<&Instant> = self
+            .recent_done
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) <= DRAIN_WINDOW)
+            .collect();
+        let oldest = recent.first()?;
+        let span = now
+            .saturating_duration_since(**oldest)
+            .max(Duration::from_secs(1));
+        Some(recent.len() as f64 / span.as_secs_f64())
+    }
+
+    /// Notes a finished request for the drain rate.
+    fn note_done(&mut self, now: Instant) {
+        if self.recent_done.len() == RECENT_DONE {
+            self.recent_done.pop_front();
+        }
+        self.recent_done.push_back(now);
+    }
+
+    /// Tells a waiting client that asked for progress where it stands, once a second.
+    pub(super) fn tell_progress(&mut self, id: RequestId, now: Instant) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        if !matches!(req.stage, Stage::Queued) {
+            return;
+        }
+        let Some(position) = self.queue.position(id) else {
+            return;
+        };
+        let per_request = match self.drain_rate(now) {
+            Some(r) if r > 0.0 => 1000.0 / r,
+            _ => self.counters.mean_wait().as_millis() as f64,
+        };
+        let eta_ms = ((position + 1) as f64 * per_request) as u64;
+        self.reply(id, ClientEvent::Queued { position, eta_ms });
+        self.timers
+            .insert((now + PROGRESS_EVERY, Timer::Progress(id)));
     }
 
     /// A model nobody advertised for a whole queue-timeout window (after the server has
@@ -71,29 +169,26 @@ impl Dispatcher {
         }
     }
 
-    pub(super) fn enqueue(
-        &mut self,
-        id: RequestId,
-        msg: Arc<RequestMessage>,
-        arrived: Instant,
-        requeues: u32,
-        now: Instant,
-    ) {
-        let deadline = now + self.cfg.queue_timeout;
-        self.queue.insert(id, arrived, msg.clone());
-        self.requests.insert(
-            id,
-            Request {
-                msg,
-                arrived,
-                requeues,
-                stage: Stage::Queued,
-                deadline,
-                timer_at: deadline,
-                untold_dispatch: None,
-            },
-        );
+    /// Puts a known request in the queue: back at its old place after a requeue, else at
+    /// the back of its tenant's line. Its deadline is the queue deadline from arrival.
+    pub(super) fn enqueue(&mut self, id: RequestId, now: Instant) {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return;
+        };
+        req.stage = Stage::Queued;
+        let old = req.timer_at;
+        req.deadline = req.queue_deadline;
+        req.timer_at = req.queue_deadline;
+        let (deadline, progress, msg) = (req.deadline, req.progress, req.msg.clone());
+        match req.place.take() {
+            Some(place) => self.queue.restore(id, msg, &req.who, place),
+            None => self.queue.push(id, msg, &req.who, now),
+        }
+        self.timers.remove(&(old, Timer::Request(id)));
         self.timers.insert((deadline, Timer::Request(id)));
+        if progress {
+            self.timers.insert((now, Timer::Progress(id)));
+        }
     }
 
     pub(super) fn client_gone(&mut self, id: RequestId, now: Instant) {
@@ -171,9 +266,12 @@ impl Dispatcher {
             if !w.has_free_slot() {
                 return;
             }
-            let Some(id) = self.queue.take_first(|model| w.serves(model)) else {
+            let Some((id, place)) = self.queue.take_for(|model| w.serves(model), now) else {
                 return;
             };
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.place = Some(place);
+            }
             self.assign(id, worker, now);
         }
     }
@@ -252,6 +350,7 @@ impl Dispatcher {
             return;
         };
         self.unschedule(id, req.timer_at);
+        self.note_done(now);
         match &event {
             ClientEvent::Complete(rc) => {
                 self.counters.completed += 1;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::debug;
 
-use super::{Action, ClientEvent, Counters, Dispatcher, Event, Gauges, RequestId, WorkerId};
+use super::{Action, ClientEvent, Counters, Dispatcher, Event, Gauges, RequestId, Who, WorkerId};
 use crate::protocol::{RegisterMessage, RequestMessage, ServerMessage};
 use crate::server::shared::Shared;
 use crate::ws::{close_code, Outgoing};
@@ -24,6 +24,8 @@ pub enum Input {
     Submit {
         id: RequestId,
         msg: Arc<RequestMessage>,
+        who: Who,
+        progress: bool,
         reply: Sender<ClientEvent>,
     },
     WorkerJoined {
@@ -83,6 +85,8 @@ pub struct StatsSnapshot {
     pub gauges: Gauges,
     pub slots_total: u64,
     pub slots_used: u64,
+    /// Tenant → (queued, in flight), for tenants with either.
+    pub tenants: std::collections::BTreeMap<String, (usize, usize)>,
 }
 
 /// Runs the dispatcher until it reports that shutdown is complete (or every input
@@ -131,9 +135,20 @@ fn route_input(
     workers: &mut HashMap<WorkerId, Sender<Outbound>>,
 ) -> Event {
     match input {
-        Input::Submit { id, msg, reply } => {
+        Input::Submit {
+            id,
+            msg,
+            who,
+            progress,
+            reply,
+        } => {
             clients.insert(id, reply);
-            Event::Submit { id, msg }
+            Event::Submit {
+                id,
+                msg,
+                who,
+                progress,
+            }
         }
         Input::WorkerJoined {
             id,
@@ -173,6 +188,7 @@ fn answer(core: &mut Dispatcher, query: Query, now: Instant) -> (Answer, Vec<Act
                 gauges: core.gauges(),
                 slots_total: total,
                 slots_used: used,
+                tenants: core.tenant_loads(),
             };
             (Answer::Stats(Box::new(snapshot)), Vec::new())
         }

@@ -48,6 +48,15 @@ impl Counters {
         self.recent_waits.push_back(wait);
     }
 
+    /// Mean of the recent queue waits.
+    pub fn mean_wait(&self) -> Duration {
+        let n = self.recent_waits.len() as u32;
+        if n == 0 {
+            return Duration::ZERO;
+        }
+        self.recent_waits.iter().sum::<Duration>() / n
+    }
+
     /// Percentile (0–100) of the recent queue waits.
     pub fn wait_percentile(&self, pct: usize) -> Duration {
         let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();

@@ -74,7 +74,41 @@ impl Harness {
             body: Arc::from(format!("{{\"model\":\"{model}\"}}")),
             headers: Default::default(),
         });
-        self.ev(Event::Submit { id, msg })
+        self.ev(Event::Submit {
+            id,
+            msg,
+            who: Who::default(),
+            progress: false,
+        })
+    }
+
+    /// Submits for a tenant at a priority.
+    fn submit_as(
+        &mut self,
+        id: RequestId,
+        tenant: &str,
+        priority: Priority,
+        weight: u32,
+    ) -> Vec<Action> {
+        let msg = Arc::new(RequestMessage {
+            request_id: wire_request_id(id),
+            model: "m".into(),
+            endpoint_path: "/v1/chat/completions".into(),
+            is_streaming: true,
+            body: Arc::from("{\"model\":\"m\"}"),
+            headers: Default::default(),
+        });
+        let who = Who {
+            tenant: Arc::from(tenant),
+            priority,
+            weight,
+        };
+        self.ev(Event::Submit {
+            id,
+            msg,
+            who,
+            progress: false,
+        })
     }
 
     fn said(&mut self, worker: WorkerId, msg: WorkerMessage) -> Vec<Action> {
@@ -272,7 +306,10 @@ fn queue_is_bounded_and_fifo_among_compatible_requests() {
     h.submit(2, "b");
     h.submit(3, "a");
     h.submit(4, "b");
-    assert_eq!(failures(&h.submit(5, "a")), vec![(5, Failure::QueueFull)]);
+    assert!(matches!(
+        failures(&h.submit(5, "a"))[..],
+        [(5, Failure::QueueFull(_))]
+    ));
     assert_eq!(dispatched(&h.complete(1, 1)), vec![(2, 1)], "oldest first");
     h.join(2, &["b"], 1);
     // Worker 2 only serves b: it skips request 3 (a) and takes 4.
@@ -559,7 +596,10 @@ fn heartbeat_pings_and_silence_closes_the_worker() {
         vec![(1, "worker heartbeat timed out".to_string())]
     );
     assert_eq!(h.d.counters().heartbeat_timeouts, 1);
-    assert_eq!(h.d.gauges().queue_depth, 1, "its request was requeued");
+    assert_eq!(h.d.counters().requeued, 1, "its request was requeued");
+    // ... but a requeue never extends the queue deadline (30 s from arrival), long
+    // gone by now: with no other worker free it fails at once.
+    assert_eq!(failures(&a), vec![(1, Failure::QueueTimeout)]);
 }
 
 #[test]
@@ -692,4 +732,216 @@ fn wire_ids_round_trip_and_foreign_ids_are_rejected() {
     assert_eq!(parse_request_id(&wire_request_id(42)), Some(42));
     assert_eq!(parse_request_id("r-001"), None);
     assert_eq!(parse_request_id("nonsense"), None);
+}
+
+// ----- tenants, priority and fair share (issue 9) -----
+
+/// Order in which queued requests reach a 1-slot worker as each one completes.
+fn serve_in_order(h: &mut Harness, first: RequestId, n: usize) -> Vec<RequestId> {
+    let mut order = Vec::new();
+    let mut current = first;
+    for _ in 0..n {
+        match dispatched(&h.complete(1, current))[..] {
+            [(next, 1)] => {
+                order.push(next);
+                current = next;
+            }
+            _ => break,
+        }
+    }
+    order
+}
+
+#[test]
+fn high_priority_overtakes_a_long_normal_queue_and_low_goes_last() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 100,
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    h.submit_as(1, "a", Priority::Normal, 1);
+    for id in 10..30 {
+        h.submit_as(id, "a", Priority::Normal, 1);
+    }
+    h.submit_as(50, "b", Priority::Low, 1);
+    h.submit_as(60, "c", Priority::High, 1);
+    let order = serve_in_order(&mut h, 1, 22);
+    assert_eq!(order[0], 60, "high first");
+    assert_eq!(*order.last().unwrap_or(&0), 50, "low last");
+    assert_eq!(&order[1..21], &(10..30).collect::<Vec<_>>()[..], "FIFO");
+}
+
+#[test]
+fn a_low_request_ages_into_normal_and_then_high() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 100,
+        priority_aging: Duration::from_secs(10),
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    h.submit_as(1, "a", Priority::Normal, 1);
+    h.submit_as(2, "slow", Priority::Low, 1);
+    // A steady stream of normal requests from another tenant.
+    for id in 10..40 {
+        h.submit_as(id, "busy", Priority::Normal, 1);
+    }
+    h.at(5.0);
+    assert_eq!(dispatched(&h.complete(1, 1)), vec![(10, 1)], "not aged yet");
+    h.at(21.0);
+    h.submit_as(99, "late", Priority::High, 1);
+    // At 20 s the low request has climbed two classes and, the oldest of all, goes
+    // first. The busy tenant's requests climbed too (they waited 10 s), so the fresh
+    // high request shares the class with them fairly: it goes within two turns.
+    assert_eq!(dispatched(&h.complete(1, 10)), vec![(2, 1)]);
+    let next = serve_in_order(&mut h, 2, 2);
+    assert!(next.contains(&99), "{next:?}");
+}
+
+#[test]
+fn a_flooding_tenant_delays_another_by_at_most_one_slot() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 2000,
+        max_queue_per_tenant: 1000,
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    h.submit_as(1, "flood", Priority::Normal, 1);
+    for id in 100..1100 {
+        h.submit_as(id, "flood", Priority::Normal, 1);
+    }
+    let first = serve_in_order(&mut h, 1, 10);
+    h.submit_as(5000, "calm", Priority::Normal, 1);
+    let next = serve_in_order(&mut h, *first.last().unwrap_or(&1), 2);
+    assert!(next.contains(&5000), "served within one slot: {next:?}");
+}
+
+#[test]
+fn weights_share_the_pool() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 1000,
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    h.submit_as(1, "x", Priority::Normal, 1);
+    for id in 0..40 {
+        h.submit_as(100 + id, "one", Priority::Normal, 1);
+        h.submit_as(200 + id, "three", Priority::Normal, 3);
+    }
+    let order = serve_in_order(&mut h, 1, 40);
+    let three = order.iter().filter(|id| **id >= 200).count();
+    assert!((29..=31).contains(&three), "3:1, got {three} of 40");
+}
+
+#[test]
+fn a_tenant_at_its_cap_is_refused_while_others_still_queue() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 10,
+        max_queue_per_tenant: 2,
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    h.submit_as(1, "a", Priority::Normal, 1);
+    h.submit_as(2, "a", Priority::Normal, 1);
+    h.submit_as(3, "a", Priority::Normal, 1);
+    let refused = failures(&h.submit_as(4, "a", Priority::Normal, 1));
+    assert!(matches!(refused[..], [(4, Failure::TenantQueueFull(_))]));
+    assert!(failures(&h.submit_as(5, "b", Priority::Normal, 1)).is_empty());
+    assert_eq!(h.d.gauges().queue_depth, 3);
+}
+
+#[test]
+fn a_requeued_request_keeps_its_place_and_its_queue_deadline() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 10,
+        queue_timeout: Duration::from_secs(30),
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.submit(1, "m"); // on worker 1
+    h.submit(2, "m"); // on worker 2
+    h.at(1.0);
+    h.submit(3, "m"); // queued
+    h.at(10.0);
+    h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "eof".into(),
+    });
+    // Request 1 arrived before 3: it goes first when worker 2 frees up.
+    assert_eq!(dispatched(&h.complete(2, 2)), vec![(1, 2)]);
+    // Lose it again at 20 s: it waits with its deadline from arrival (30 s), not 50 s.
+    h.at(20.0);
+    h.ev(Event::WorkerLeft {
+        id: 2,
+        reason: "eof".into(),
+    });
+    assert_eq!(h.d.gauges().queue_depth, 2);
+    h.at(30.5);
+    let a = h.tick();
+    assert!(failures(&a).contains(&(1, Failure::QueueTimeout)), "{a:?}");
+    assert!(
+        !failures(&a).iter().any(|(id, _)| *id == 3),
+        "3 has 1 s left"
+    );
+}
+
+#[test]
+fn retry_after_follows_the_measured_drain_rate() {
+    let mut h = Harness::with(Config {
+        max_queue_len: 4,
+        ..Config::default()
+    });
+    h.join(1, &["m"], 1);
+    // One completion every 2 s for a while: 0.5 per second.
+    h.submit(1, "m");
+    let mut current = 1;
+    for i in 0..10 {
+        h.at(2.0 * (i + 1) as f64);
+        h.submit(100 + i, "m");
+        current = dispatched(&h.complete(1, current))[0].0;
+    }
+    for id in 200..204 {
+        h.submit(id, "m");
+    }
+    let refused = failures(&h.submit(300, "m"));
+    let [(300, Failure::QueueFull(bp))] = refused[..] else {
+        panic!("expected queue_full, got {refused:?}");
+    };
+    assert_eq!(bp.queue_depth, 4);
+    // 4 waiting at about 0.5 per second: about 8 s.
+    assert!((7..=9).contains(&bp.retry_after_secs), "{bp:?}");
+}
+
+#[test]
+fn progress_is_told_once_a_second_to_requests_that_ask() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    let msg = Arc::new(RequestMessage {
+        request_id: wire_request_id(2),
+        model: "m".into(),
+        endpoint_path: "/v1/chat/completions".into(),
+        is_streaming: true,
+        body: Arc::from("{}"),
+        headers: Default::default(),
+    });
+    h.ev(Event::Submit {
+        id: 2,
+        msg,
+        who: Who::default(),
+        progress: true,
+    });
+    let progress = |a: &[Action]| {
+        a.iter()
+            .filter(|a| matches!(a, Action::ToClient(2, ClientEvent::Queued { .. })))
+            .count()
+    };
+    assert_eq!(progress(&h.tick()), 1, "told at once");
+    h.at(0.5);
+    assert_eq!(progress(&h.tick()), 0);
+    h.at(1.0);
+    assert_eq!(progress(&h.tick()), 1);
+    h.complete(1, 1);
+    h.at(3.0);
+    assert_eq!(progress(&h.tick()), 0, "not once it runs");
 }

@@ -294,11 +294,11 @@ impl Dispatcher {
         } else if req.requeues >= self.cfg.max_requeues || self.phase != Phase::Running {
             info!("request {wire} failed: requeue exhausted");
             self.finish(id, ClientEvent::Failed(Failure::RequeueExhausted), now);
-        } else if let Some(req) = self.requests.remove(&id) {
-            self.unschedule(id, req.timer_at);
+        } else if let Some(req) = self.requests.get_mut(&id) {
+            req.requeues += 1;
             self.counters.requeued += 1;
-            info!("request {wire} requeued (attempt {})", req.requeues + 1);
-            self.enqueue(id, req.msg, req.arrived, req.requeues + 1, now);
+            info!("request {wire} requeued (attempt {})", req.requeues);
+            self.enqueue(id, now);
         }
     }
 

@@ -79,6 +79,9 @@ pub enum ReadError {
 pub struct Conn {
     pub stream: Stream,
     pub peer: SocketAddr,
+    /// `X-Request-Id` of the response being written (set by the route table for
+    /// routes that are not relayed; relayed requests carry their own).
+    pub request_id: Option<String>,
     buf: Vec<u8>,
     /// The read timeout the socket has now; changed only when a read needs another
     /// (a request that arrives in one piece costs no `setsockopt` at all).
@@ -92,9 +95,33 @@ impl Conn {
         Conn {
             stream,
             peer,
+            request_id: None,
             buf: Vec::new(),
             read_timeout: None,
         }
+    }
+
+    /// Writes a JSON response with this request's id; returns whether the connection
+    /// may be reused.
+    pub fn write_json(&mut self, status: u16, body: &serde_json::Value, keep_alive: bool) -> bool {
+        let body = body.to_string();
+        self.write_full(status, "application/json", body.as_bytes(), keep_alive)
+    }
+
+    /// Writes a complete response with this request's id.
+    pub fn write_full(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        keep_alive: bool,
+    ) -> bool {
+        let mut headers = vec![("content-type", content_type)];
+        if let Some(id) = self.request_id.as_deref() {
+            headers.push(("x-request-id", id));
+        }
+        super::response::write_full(&mut self.stream, status, &headers, body, keep_alive).is_ok()
+            && keep_alive
     }
 
     /// Bytes read past the last request (used after a WebSocket upgrade).

@@ -101,18 +101,6 @@ pub fn write_full(
     out.flush()
 }
 
-/// Writes a JSON response; returns whether the connection may be reused.
-pub fn write_json(
-    out: &mut impl Write,
-    status: u16,
-    body: &serde_json::Value,
-    keep_alive: bool,
-) -> bool {
-    let body = body.to_string();
-    let headers = [("content-type", "application/json")];
-    write_full(out, status, &headers, body.as_bytes(), keep_alive).is_ok() && keep_alive
-}
-
 /// Appends `data` to `buf` framed as one chunk (no-op for empty data, which would
 /// otherwise end the body).
 pub fn push_chunk(buf: &mut Vec<u8>, data: &[u8], framing: Framing) {

@@ -1,0 +1,122 @@
+//! What the relay reads from a client request: `model` and `stream` from the JSON
+//! body (which itself travels unchanged), and which headers go on to the backend.
+
+use serde::Deserialize;
+
+use super::errors::ApiError;
+
+/// Request headers that travel to the backend; everything else stays at the relay.
+pub const FORWARDED_HEADERS: &[&str] = &[
+    "authorization",
+    "content-type",
+    "openai-organization",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
+    "x-cache-mode",
+    "x-cache-tag",
+];
+
+/// The two fields the relay needs from a client body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyInfo {
+    pub model: String,
+    pub stream: bool,
+}
+
+/// Reads `model` and `stream` from a JSON body; the body itself is never rewritten.
+pub fn inspect_body(body: &[u8]) -> Result<BodyInfo, ApiError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        model: Option<serde_json::Value>,
+        stream: Option<serde_json::Value>,
+    }
+    let probe: Probe = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            400,
+            "invalid_json",
+            format!("request body is not valid JSON: {e}"),
+        )
+    })?;
+    let model = match probe.model {
+        Some(serde_json::Value::String(m)) if !m.trim().is_empty() => m,
+        Some(_) => {
+            return Err(ApiError::new(
+                400,
+                "invalid_model",
+                "`model` must be a non-empty string",
+            ))
+        }
+        None => {
+            return Err(ApiError::new(
+                400,
+                "missing_model",
+                "request body has no `model` field",
+            ))
+        }
+    };
+    let stream = matches!(probe.stream, Some(serde_json::Value::Bool(true)));
+    Ok(BodyInfo { model, stream })
+}
+
+/// Prompt tokens the backend says it took from its cache, read from a whole answer:
+/// OpenAI's `usage.prompt_tokens_details.cached_tokens`, Anthropic's
+/// `usage.cache_read_input_tokens`, or llama-server's `timings.cache_n`. Zero when it
+/// reports none. Bodies that mention none of them are not parsed at all.
+pub fn cache_reuse(body: &str) -> u64 {
+    if !["cached_tokens", "cache_n", "cache_read_input_tokens"]
+        .iter()
+        .any(|k| body.contains(k))
+    {
+        return 0;
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return 0;
+    };
+    [
+        &v["usage"]["prompt_tokens_details"]["cached_tokens"],
+        &v["usage"]["cache_read_input_tokens"],
+        &v["timings"]["cache_n"],
+    ]
+    .iter()
+    .find_map(|n| n.as_u64())
+    .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspects_model_and_stream() {
+        let info = inspect_body(br#"{"model":"m","stream":true,"messages":[]}"#).unwrap();
+        assert_eq!(
+            info,
+            BodyInfo {
+                model: "m".into(),
+                stream: true
+            }
+        );
+        assert!(!inspect_body(br#"{"model":"m"}"#).unwrap().stream);
+        assert_eq!(inspect_body(b"{nope").unwrap_err().status, 400);
+        assert_eq!(
+            inspect_body(br#"{"stream":true}"#).unwrap_err().code,
+            "missing_model"
+        );
+        assert_eq!(
+            inspect_body(br#"{"model":""}"#).unwrap_err().code,
+            "invalid_model"
+        );
+        assert_eq!(inspect_body(br#"[1,2]"#).unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn cache_reuse_reads_each_backend_shape() {
+        let openai = r#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":7}}}"#;
+        assert_eq!(cache_reuse(openai), 7);
+        assert_eq!(cache_reuse(r#"{"timings":{"cache_n":1234}}"#), 1234);
+        assert_eq!(cache_reuse(r#"{"usage":{"cache_read_input_tokens":5}}"#), 5);
+        assert_eq!(cache_reuse(r#"{"usage":{"prompt_tokens":9}}"#), 0);
+        assert_eq!(cache_reuse("not json cache_n"), 0);
+    }
+}

@@ -1,0 +1,38 @@
+//! The relay's own status routes, answered from what the dispatcher publishes (no
+//! round trip to it): `GET /health` and `GET /v1/models`.
+
+use super::http::request::{Conn, Request};
+use super::Ctx;
+
+pub fn models(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
+    let created = ctx.started_unix;
+    let data: Vec<serde_json::Value> = ctx
+        .shared
+        .models()
+        .iter()
+        .map(|m| serde_json::json!({"id": m, "object": "model", "created": created, "owned_by": ctx.cfg.provider}))
+        .collect();
+    conn.write_json(
+        200,
+        &serde_json::json!({"object": "list", "data": data}),
+        req.keep_alive,
+    )
+}
+
+pub fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
+    let g = ctx.shared.gauges();
+    let status = if ctx.shared.is_shutting_down() {
+        "shutting_down"
+    } else {
+        "ok"
+    };
+    let body = serde_json::json!({
+        "status": status,
+        "version": env!("CARGO_PKG_VERSION"),
+        "workers_connected": g.workers,
+        "queue_depth": g.queue_depth,
+        "in_flight": g.in_flight,
+        "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
+    });
+    conn.write_json(200, &body, req.keep_alive)
+}
