@@ -150,6 +150,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "tenants named in /metrics and /admin/stats; the rest count as `other`",
     },
     Opt {
+        flag: "outlier-consecutive-failures",
+        env: "OUTLIER_CONSECUTIVE_FAILURES",
+        default: Some("5"),
+        help: "5xx or transport failures in a row after which a worker is ejected for a while (0: never)",
+    },
+    Opt {
         flag: "log-level",
         env: "LOG_LEVEL",
         default: Some("info"),
@@ -191,6 +197,7 @@ impl ServerConfig {
             max_queue_len,
             max_queue_per_tenant: s.number("max-queue-per-tenant", (max_queue_len / 2).max(1))?,
             priority_aging: s.secs("priority-aging-secs", 10)?,
+            outlier_consecutive_failures: s.number("outlier-consecutive-failures", 5)?,
             queue_timeout: s.secs("queue-timeout-secs", 30)?,
             request_timeout: s.secs("request-timeout-secs", 300)?,
             heartbeat_interval: s.secs("heartbeat-interval-secs", 15)?,

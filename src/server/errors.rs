@@ -133,6 +133,12 @@ impl ApiError {
                 "queue_timeout",
                 format!("queue timeout: no worker became available within {queue_timeout_secs}s"),
             ),
+            Failure::NoHealthyWorker { retry_after_secs } => ApiError::new(
+                503,
+                "no_healthy_worker",
+                "no healthy worker: every worker serving this model has its backend down or is ejected for failing",
+            )
+            .retry_after(*retry_after_secs),
             Failure::RequestTimeout => ApiError::new(
                 504,
                 "request_timeout",

@@ -194,6 +194,30 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
             output,
         );
     }
+    e.family(
+        "modelrelay_workers_by_backend_state",
+        "gauge",
+        "Registered workers by backend state: up, down (reported by the worker), ejected (failing).",
+    );
+    for (state, n) in &s.workers_by_state {
+        e.sample(
+            "modelrelay_workers_by_backend_state",
+            &[("state", state)],
+            n,
+        );
+    }
+    e.family(
+        "modelrelay_failovers_total",
+        "counter",
+        "Requests run again on another worker after a failure before the first byte.",
+    );
+    e.sample("modelrelay_failovers_total", &[], s.counters.failovers);
+    e.family(
+        "modelrelay_ejections_total",
+        "counter",
+        "Workers ejected for consecutive failures.",
+    );
+    e.sample("modelrelay_ejections_total", &[], s.counters.ejections);
     render_tenants(&mut e, http);
     e.family(
         "modelrelay_uptime_seconds",
@@ -329,6 +353,7 @@ fn admin_stats(ctx: &Ctx) -> AdminResult {
                 "cancelled": s.counters.cancelled,
                 "cancelled_by_reason": s.counters.cancelled_by,
                 "requeued": s.counters.requeued,
+                "failovers": s.counters.failovers,
                 "dispatched": s.counters.dispatched,
                 "by_status_class": by_status,
             },

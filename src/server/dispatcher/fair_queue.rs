@@ -179,12 +179,22 @@ impl Class {
         let _ = id;
     }
 
-    /// The best request for a worker that serves `serves`.
-    fn head_for(&self, serves: &impl Fn(&str) -> bool) -> Option<(Key, RequestId)> {
+    /// The best request for a worker that serves `serves` and `accept`s it (a worker
+    /// skips the rare request that already failed on it, so the scan rarely goes past
+    /// the head of each model's line).
+    fn head_for(
+        &self,
+        serves: &impl Fn(&str) -> bool,
+        accept: &impl Fn(RequestId) -> bool,
+    ) -> Option<(Key, RequestId)> {
         self.by_model
             .iter()
             .filter(|(model, _)| serves(model))
-            .filter_map(|(_, set)| set.first_key_value().map(|(k, id)| (*k, *id)))
+            .filter_map(|(_, set)| {
+                set.iter()
+                    .find(|(_, id)| accept(**id))
+                    .map(|(k, id)| (*k, *id))
+            })
             .min()
     }
 }
@@ -301,12 +311,13 @@ impl FairQueue {
     pub fn take_for(
         &mut self,
         serves: impl Fn(&str) -> bool,
+        accept: impl Fn(RequestId) -> bool,
         now: Instant,
     ) -> Option<(RequestId, Place)> {
         self.promote_aged(now);
         for class in Priority::ALL.into_iter().rev() {
             let c = &mut self.classes[class.index()];
-            if let Some(((tag, _), id)) = c.head_for(&serves) {
+            if let Some(((tag, _), id)) = c.head_for(&serves, &accept) {
                 c.clock = c.clock.max(tag);
                 return self.remove(id).map(|place| (id, place));
             }
@@ -405,7 +416,7 @@ mod tests {
     }
 
     fn take_all(q: &mut FairQueue, now: Instant) -> Vec<RequestId> {
-        std::iter::from_fn(|| q.take_for(|_| true, now).map(|(id, _)| id)).collect()
+        std::iter::from_fn(|| q.take_for(|_| true, |_| true, now).map(|(id, _)| id)).collect()
     }
 
     #[test]
@@ -427,11 +438,11 @@ mod tests {
             q.push(id, msg("m"), &who("flood", Priority::Normal, 1), t);
         }
         // Two slots free up, then the other tenant arrives.
-        assert_eq!(q.take_for(|_| true, t).map(|x| x.0), Some(0));
-        assert_eq!(q.take_for(|_| true, t).map(|x| x.0), Some(1));
+        assert_eq!(q.take_for(|_| true, |_| true, t).map(|x| x.0), Some(0));
+        assert_eq!(q.take_for(|_| true, |_| true, t).map(|x| x.0), Some(1));
         q.push(5000, msg("m"), &who("calm", Priority::Normal, 1), t);
         let next: Vec<_> = (0..2)
-            .filter_map(|_| q.take_for(|_| true, t).map(|x| x.0))
+            .filter_map(|_| q.take_for(|_| true, |_| true, t).map(|x| x.0))
             .collect();
         assert!(next.contains(&5000), "served within one slot: {next:?}");
     }
@@ -457,7 +468,7 @@ mod tests {
         q.push(1, msg("m"), &who("a", Priority::Low, 1), t);
         q.push(2, msg("m"), &who("a", Priority::Normal, 1), t);
         q.push(3, msg("m"), &who("b", Priority::High, 1), t);
-        assert_eq!(q.take_for(|_| true, t).map(|x| x.0), Some(3));
+        assert_eq!(q.take_for(|_| true, |_| true, t).map(|x| x.0), Some(3));
         // Before aging, normal beats low.
         q.push(
             4,
@@ -466,7 +477,7 @@ mod tests {
             t + Duration::from_secs(9),
         );
         assert_eq!(
-            q.take_for(|_| true, t + Duration::from_secs(9))
+            q.take_for(|_| true, |_| true, t + Duration::from_secs(9))
                 .map(|x| x.0),
             Some(2)
         );
@@ -479,7 +490,7 @@ mod tests {
             t + Duration::from_secs(19),
         );
         let at20 = t + Duration::from_secs(20);
-        assert_eq!(q.take_for(|_| true, at20).map(|x| x.0), Some(1));
+        assert_eq!(q.take_for(|_| true, |_| true, at20).map(|x| x.0), Some(1));
         assert_eq!(q.position(4), Some(0));
     }
 
@@ -490,7 +501,9 @@ mod tests {
         for id in 0..3 {
             q.push(id, msg("m"), &who("a", Priority::Normal, 1), t);
         }
-        let (first, place) = q.take_for(|_| true, t).unwrap_or((99, dummy_place(t)));
+        let (first, place) = q
+            .take_for(|_| true, |_| true, t)
+            .unwrap_or((99, dummy_place(t)));
         assert_eq!(first, 0);
         q.push(9, msg("m"), &who("b", Priority::Normal, 1), t);
         q.restore(0, msg("m"), &who("a", Priority::Normal, 1), place);
@@ -513,8 +526,11 @@ mod tests {
         q.push(1, msg("big"), &who("a", Priority::High, 1), t);
         q.push(2, msg("small"), &who("a", Priority::Low, 1), t);
         assert_eq!(q.tenant_len("a"), 2);
-        assert_eq!(q.take_for(|m| m == "small", t).map(|x| x.0), Some(2));
-        assert_eq!(q.take_for(|m| m == "small", t), None);
+        assert_eq!(
+            q.take_for(|m| m == "small", |_| true, t).map(|x| x.0),
+            Some(2)
+        );
+        assert_eq!(q.take_for(|m| m == "small", |_| true, t), None);
         assert_eq!(q.tenant_len("a"), 1);
         assert_eq!(q.remove(1).map(|p| p.class()), Some(Priority::High));
         assert_eq!(q.tenant_len("a"), 0);

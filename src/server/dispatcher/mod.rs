@@ -14,9 +14,11 @@
 //! | `workers.rs` | register, messages, heartbeats, loss and requeue, drain |
 //! | `shutdown.rs` | server drain and exit |
 //! | `fair_queue.rs` | the wait queue: priority classes, aging, fair share by tenant |
+//! | `outliers.rs` | backends reported down, outlier ejection, failover targets |
 //! | `registry.rs`, `stats.rs` | the other data it owns |
 
 pub mod fair_queue;
+mod outliers;
 mod registry;
 mod requests;
 pub mod runtime;
@@ -34,6 +36,7 @@ use crate::protocol::{
     RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
+pub use outliers::Health;
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};
 pub use stats::{Counters, Gauges};
 
@@ -68,6 +71,8 @@ pub struct Config {
     pub max_queue_per_tenant: usize,
     /// Wait after which a queued request moves up one priority class.
     pub priority_aging: Duration,
+    /// Failed answers in a row after which a worker is ejected (0: never).
+    pub outlier_consecutive_failures: u32,
 }
 
 impl Default for Config {
@@ -82,6 +87,7 @@ impl Default for Config {
             max_models_per_worker: 256,
             max_queue_per_tenant: 50,
             priority_aging: Duration::from_secs(10),
+            outlier_consecutive_failures: 5,
         }
     }
 }
@@ -167,6 +173,10 @@ pub enum Failure {
     /// The caller's tenant has `MAX_QUEUE_PER_TENANT` waiting.
     TenantQueueFull(Backpressure),
     QueueTimeout,
+    /// Every worker serving the model has its backend down or is ejected.
+    NoHealthyWorker {
+        retry_after_secs: u32,
+    },
     RequestTimeout,
     RequeueExhausted,
     ModelNotFound {
@@ -193,6 +203,7 @@ impl Failure {
             Failure::QueueFull(_) => "queue_full",
             Failure::TenantQueueFull(_) => "tenant_queue_full",
             Failure::QueueTimeout => "queue_timeout",
+            Failure::NoHealthyWorker { .. } => "no_healthy_worker",
             Failure::RequestTimeout => "request_timeout",
             Failure::RequeueExhausted => "requeue_exhausted",
             Failure::ModelNotFound { .. } => "model_not_found",
@@ -218,6 +229,8 @@ enum Timer {
     Request(RequestId),
     /// Time to tell a waiting client where it stands.
     Progress(RequestId),
+    /// An ejected worker's time is up.
+    Readmit(WorkerId),
     WorkerSilent(WorkerId),
     WorkerDrain(WorkerId),
     Ping,
@@ -241,6 +254,8 @@ struct Request {
     place: Option<Place>,
     progress: bool,
     requeues: u32,
+    /// Workers this request failed on before their backend answered (failover).
+    failed_on: Vec<WorkerId>,
     stage: Stage,
     /// When the request times out (queue wait, or silence while in flight).
     deadline: Instant,
@@ -375,6 +390,7 @@ impl Dispatcher {
             match timer {
                 Timer::Request(id) => self.request_deadline(id, now),
                 Timer::Progress(id) => self.tell_progress(id, now),
+                Timer::Readmit(id) => self.readmit(id, now),
                 Timer::WorkerSilent(id) => self.heartbeat_expired(id),
                 Timer::WorkerDrain(id) => self.close_worker(id, "drain timeout reached", now),
                 Timer::Ping => self.ping_all(now),

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
+use super::outliers::{Health, Record};
 use super::RequestId;
 
 /// Dispatcher-assigned worker key (the connection number).
@@ -30,6 +31,10 @@ pub struct Worker {
     pub connected_at: Instant,
     pub protocol_version: Option<String>,
     pub features: Vec<String>,
+    /// Whether its backend answers: up, reported down, or ejected for failing.
+    pub health: Health,
+    /// Its recent answers, for outlier ejection.
+    pub record: Record,
 }
 
 /// Whether a worker takes new work.
@@ -71,6 +76,8 @@ impl Worker {
             connected_at: now,
             protocol_version,
             features,
+            health: Health::Up,
+            record: Record::default(),
         }
     }
 
@@ -83,8 +90,9 @@ impl Worker {
         self.in_flight.len() as u32 + self.external_load
     }
 
+    /// Takes new work: not draining, backend up and not ejected, a slot free.
     pub fn has_free_slot(&self) -> bool {
-        !self.is_draining() && self.load() < self.max_concurrent
+        !self.is_draining() && self.health == Health::Up && self.load() < self.max_concurrent
     }
 
     pub fn serves(&self, model: &str) -> bool {

@@ -49,6 +49,7 @@ impl Dispatcher {
             place: None,
             progress,
             requeues: 0,
+            failed_on: Vec::new(),
             stage: Stage::Queued,
             deadline: queue_deadline,
             timer_at: queue_deadline,
@@ -59,6 +60,13 @@ impl Dispatcher {
             request.place = Some(self.queue.place_now(&request.who, now));
             self.requests.insert(id, request);
             return self.assign(id, worker, now);
+        }
+        if let Some(retry_after_secs) = self.no_healthy_worker(&request.msg.model, now) {
+            info!(
+                "request {} rejected: no healthy worker serves `{}`",
+                request.msg.request_id, request.msg.model
+            );
+            return self.fail(id, Failure::NoHealthyWorker { retry_after_secs });
         }
         if let Some(failure) = self.admission(&request, now) {
             return self.fail(id, failure);
@@ -266,7 +274,20 @@ impl Dispatcher {
             if !w.has_free_slot() {
                 return;
             }
-            let Some((id, place)) = self.queue.take_for(|model| w.serves(model), now) else {
+            let (requests, registry) = (&self.requests, &self.registry);
+            // A request goes back to a worker it failed on only when no other is up.
+            let accept = |id: RequestId| {
+                requests.get(&id).is_none_or(|r| {
+                    !r.failed_on.contains(&worker)
+                        || !registry.iter().any(|o| {
+                            o.serves(&r.msg.model)
+                                && o.health == super::Health::Up
+                                && !r.failed_on.contains(&o.id)
+                        })
+                })
+            };
+            let Some((id, place)) = self.queue.take_for(|model| w.serves(model), accept, now)
+            else {
                 return;
             };
             if let Some(req) = self.requests.get_mut(&id) {
@@ -403,10 +424,15 @@ impl Dispatcher {
         }
         match req.stage {
             Stage::Queued => {
-                info!("request {} failed: queue timeout", req.msg.request_id);
+                let (model, wire) = (req.msg.model.clone(), req.msg.request_id.clone());
+                let failure = match self.no_healthy_worker(&model, now) {
+                    Some(retry_after_secs) => Failure::NoHealthyWorker { retry_after_secs },
+                    None => Failure::QueueTimeout,
+                };
+                info!("request {wire} failed: {}", failure.code());
                 self.queue.remove(id);
                 self.requests.remove(&id);
-                self.fail(id, Failure::QueueTimeout);
+                self.fail(id, failure);
             }
             Stage::InFlight { worker, .. } => {
                 let wire = req.msg.request_id.clone();

@@ -10,7 +10,9 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::debug;
 
-use super::{Action, ClientEvent, Counters, Dispatcher, Event, Gauges, RequestId, Who, WorkerId};
+use super::{
+    Action, ClientEvent, Counters, Dispatcher, Event, Gauges, Health, RequestId, Who, WorkerId,
+};
 use crate::protocol::{RegisterMessage, RequestMessage, ServerMessage};
 use crate::server::shared::Shared;
 use crate::ws::{close_code, Outgoing};
@@ -76,6 +78,13 @@ pub struct WorkerInfo {
     pub protocol_version: Option<String>,
     /// Protocol extensions the worker announced.
     pub features: Vec<String>,
+    /// `up`, `down` (its backend, as the worker reports) or `ejected` (failing).
+    pub backend_state: &'static str,
+    /// Since when it is down or ejected.
+    pub backend_since_unix: Option<u64>,
+    pub backend_reason: Option<String>,
+    /// Failed answers in a row (5xx or transport), for outlier ejection.
+    pub consecutive_failures: u32,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -87,6 +96,8 @@ pub struct StatsSnapshot {
     pub slots_used: u64,
     /// Tenant → (queued, in flight), for tenants with either.
     pub tenants: std::collections::BTreeMap<String, (usize, usize)>,
+    /// Workers by backend state (`up`, `down`, `ejected`).
+    pub workers_by_state: [(&'static str, usize); 3],
 }
 
 /// Runs the dispatcher until it reports that shutdown is complete (or every input
@@ -189,6 +200,10 @@ fn answer(core: &mut Dispatcher, query: Query, now: Instant) -> (Answer, Vec<Act
                 slots_total: total,
                 slots_used: used,
                 tenants: core.tenant_loads(),
+                workers_by_state: ["up", "down", "ejected"].map(|state| {
+                    let n = core.registry().iter().filter(|w| w.health.label() == state);
+                    (state, n.count())
+                }),
             };
             (Answer::Stats(Box::new(snapshot)), Vec::new())
         }
@@ -233,6 +248,17 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
             remote_addr: w.remote.clone(),
             protocol_version: w.protocol_version.clone(),
             features: w.features.clone(),
+            backend_state: w.health.label(),
+            backend_since_unix: w.health.since().map(unix),
+            backend_reason: match &w.health {
+                Health::Down { reason, .. } => Some(reason.clone()),
+                Health::Ejected { until, .. } => Some(format!(
+                    "ejected for failing; back in {}s",
+                    until.saturating_duration_since(now).as_secs()
+                )),
+                Health::Up => None,
+            },
+            consecutive_failures: w.record.consecutive_failures,
         })
         .collect()
 }

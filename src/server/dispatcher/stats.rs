@@ -16,6 +16,10 @@ pub struct Counters {
     pub requeued: u64,
     pub dispatched: u64,
     pub heartbeat_timeouts: u64,
+    /// Requests run again elsewhere after a failure before the first byte.
+    pub failovers: u64,
+    /// Workers ejected for failing.
+    pub ejections: u64,
     /// Failure code (see [`Failure::code`]) → count.
     pub failed_by: BTreeMap<&'static str, u64>,
     /// Cancel reason sent to workers (or `client_disconnect` while queued) → count.

@@ -945,3 +945,209 @@ fn progress_is_told_once_a_second_to_requests_that_ask() {
     h.at(3.0);
     assert_eq!(progress(&h.tick()), 0, "not once it runs");
 }
+
+// ----- failover and outliers (issue 17) -----
+
+fn retryable_error(id: RequestId) -> WorkerMessage {
+    WorkerMessage::Error {
+        request_id: Some(wire_request_id(id)),
+        code: "backend_unreachable".into(),
+        message: "connection refused".into(),
+        status_code: Some(502),
+        retryable: Some(true),
+    }
+}
+
+fn status(worker_said: &mut Harness, worker: WorkerId, state: crate::protocol::BackendState) {
+    worker_said.said(
+        worker,
+        WorkerMessage::BackendStatus {
+            state,
+            reason: Some("test".into()),
+        },
+    );
+}
+
+fn answer(h: &mut Harness, worker: WorkerId, id: RequestId, code: u16) -> Vec<Action> {
+    let mut rc = ok(id);
+    rc.status_code = code;
+    h.said(worker, WorkerMessage::ResponseComplete(rc))
+}
+
+#[test]
+fn a_retryable_failure_runs_again_on_another_worker_not_the_same() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 2);
+    h.join(2, &["m"], 1);
+    h.submit(1, "m"); // worker 1 (lowest id on a tie)
+    h.submit(2, "m"); // worker 2
+    assert_eq!(dispatched(&h.submit(3, "m")), vec![(3, 1)]);
+    // Request 3 fails on worker 1 before any byte: worker 1 has a free slot now, but
+    // it goes to worker 2 once that one frees up.
+    let a = h.said(1, retryable_error(3));
+    assert!(
+        failures(&a).is_empty() && dispatched(&a).is_empty(),
+        "{a:?}"
+    );
+    assert_eq!(h.d.counters().failovers, 1);
+    assert_eq!(h.d.gauges().queue_depth, 1);
+    assert_eq!(dispatched(&h.complete(2, 2)), vec![(3, 2)]);
+}
+
+#[test]
+fn a_request_fails_over_at_most_twice_and_goes_back_only_when_alone() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    assert_eq!(dispatched(&h.submit(1, "m")), vec![(1, 1)]);
+    assert_eq!(dispatched(&h.said(1, retryable_error(1))), vec![(1, 2)]);
+    // Failed on both: with nobody else, it may go back to worker 1.
+    assert_eq!(dispatched(&h.said(2, retryable_error(1))), vec![(1, 1)]);
+    // Third attempt failed too: the error reaches the client.
+    let a = h.said(1, retryable_error(1));
+    assert!(matches!(
+        failures(&a)[..],
+        [(
+            1,
+            Failure::WorkerError {
+                status: Some(502),
+                ..
+            }
+        )]
+    ));
+    assert_eq!(h.d.counters().failovers, 2);
+}
+
+#[test]
+fn no_failover_after_a_byte_or_for_an_original_workers_error() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 2);
+    h.join(2, &["m"], 2);
+    h.submit(1, "m");
+    h.chunk(1, 1, "data: {}\n\n");
+    assert_eq!(
+        failures(&h.said(1, retryable_error(1))).len(),
+        1,
+        "streamed"
+    );
+    h.submit(2, "m");
+    let plain = WorkerMessage::Error {
+        request_id: Some(wire_request_id(2)),
+        code: "backend_unreachable".into(),
+        message: "refused".into(),
+        status_code: Some(502),
+        retryable: None,
+    };
+    let on = if h
+        .d
+        .registry()
+        .get(1)
+        .is_some_and(|w| w.in_flight.contains(&2))
+    {
+        1
+    } else {
+        2
+    };
+    assert_eq!(failures(&h.said(on, plain)).len(), 1, "passed through");
+    assert_eq!(h.d.counters().failovers, 0);
+}
+
+#[test]
+fn a_backend_reported_down_is_skipped_until_it_is_up() {
+    use crate::protocol::BackendState;
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    status(&mut h, 1, BackendState::Down);
+    assert_eq!(dispatched(&h.submit(1, "m")), vec![(1, 2)]);
+    h.submit(2, "m");
+    assert_eq!(h.d.gauges().queue_depth, 1, "worker 1 is free but down");
+    h.said(
+        1,
+        WorkerMessage::Pong {
+            current_load: 0,
+            timestamp_unix_ms: None,
+        },
+    );
+    assert_eq!(h.d.gauges().queue_depth, 1);
+    status(&mut h, 1, BackendState::Up);
+    assert_eq!(h.d.gauges().queue_depth, 0, "taken at once when up");
+}
+
+#[test]
+fn with_every_backend_down_requests_fail_fast_and_queued_ones_say_why() {
+    use crate::protocol::BackendState;
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m"); // running
+    h.submit(2, "m"); // queued
+    status(&mut h, 1, BackendState::Down);
+    let a = h.submit(3, "m");
+    assert!(matches!(
+        failures(&a)[..],
+        [(
+            3,
+            Failure::NoHealthyWorker {
+                retry_after_secs: 5
+            }
+        )]
+    ));
+    h.at(30.5);
+    let a = h.tick();
+    assert!(
+        matches!(failures(&a)[..], [(2, Failure::NoHealthyWorker { .. })]),
+        "{a:?}"
+    );
+}
+
+#[test]
+fn consecutive_failures_eject_a_worker_with_growing_backoff_and_never_half_the_pool() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 8);
+    h.join(2, &["m"], 8);
+    let mut next_id = 100;
+    let mut fail_on = |h: &mut Harness, worker: WorkerId, n: usize| {
+        for _ in 0..n {
+            next_id += 1;
+            let id = next_id;
+            h.submit(id, "m");
+            // Complete it with a 500 on whichever worker took it, counting for `worker`
+            // only when it ran there.
+            let on = if h
+                .d
+                .registry()
+                .get(worker)
+                .is_some_and(|w| w.in_flight.contains(&id))
+            {
+                worker
+            } else {
+                3 - worker
+            };
+            let code = if on == worker { 500 } else { 200 };
+            answer(h, on, id, code);
+        }
+    };
+    fail_on(&mut h, 1, 20);
+    let w1 = h.d.registry().get(1).map(|w| w.health.label());
+    assert_eq!(w1, Some("ejected"));
+    assert_eq!(h.d.counters().ejections, 1);
+    // Worker 2 failing now too: ejecting it would leave nobody, so it stays.
+    fail_on(&mut h, 2, 10);
+    assert_eq!(h.d.registry().get(2).map(|w| w.health.label()), Some("up"));
+    // 10 s later worker 1 is back; failing again ejects it for 20 s.
+    h.at(10.0);
+    h.tick();
+    assert_eq!(h.d.registry().get(1).map(|w| w.health.label()), Some("up"));
+    // Fresh worker 2 answers well from now on.
+    fail_on(&mut h, 1, 20);
+    match h.d.registry().get(1).map(|w| w.health.clone()) {
+        Some(Health::Ejected { until, .. }) => {
+            assert_eq!(
+                until,
+                h.t0 + Duration::from_secs(30),
+                "20 s the second time"
+            )
+        }
+        other => panic!("expected ejected, got {other:?}"),
+    }
+}

@@ -10,6 +10,9 @@ use super::{
 };
 use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
 
+/// A request is dispatched at most this often (first try plus failovers and requeues).
+const MAX_ATTEMPTS: usize = 3;
+
 impl Dispatcher {
     pub(super) fn worker_joined(
         &mut self,
@@ -39,15 +42,16 @@ impl Dispatcher {
         for w in &warnings {
             warn!("worker `{}`: {w}", reg.worker_name);
         }
-        let features = if reg
-            .features
-            .iter()
-            .any(|f| f == protocol::FEATURE_WORKER_DRAIN)
-        {
-            vec![protocol::FEATURE_WORKER_DRAIN.to_string()]
-        } else {
-            Vec::new()
-        };
+        // Extensions are offered only to workers that announced them.
+        let features: Vec<String> = [
+            protocol::FEATURE_WORKER_DRAIN,
+            protocol::FEATURE_BACKEND_HEALTH,
+            protocol::FEATURE_FAILOVER,
+        ]
+        .into_iter()
+        .filter(|f| reg.features.iter().any(|g| g == f))
+        .map(String::from)
+        .collect();
         let version = reg
             .protocol_version
             .clone()
@@ -119,6 +123,7 @@ impl Dispatcher {
                         "request {} complete: status {}",
                         rc.request_id, rc.status_code
                     );
+                    self.note_outcome(worker, rc.status_code >= 500, now);
                     self.finish(id, ClientEvent::Complete(rc), now);
                 }
             }
@@ -127,13 +132,17 @@ impl Dispatcher {
                 code,
                 message,
                 status_code,
-                ..
+                retryable,
             } => {
                 let Some(wire) = request_id else {
                     warn!("worker {name} reported: {code}: {message}");
                     return;
                 };
                 if let Some(id) = self.in_flight_on(worker, &wire) {
+                    self.note_outcome(worker, status_code.is_none_or(|s| s >= 500), now);
+                    if retryable == Some(true) && self.fail_over(id, worker, &code, now) {
+                        return;
+                    }
                     info!("request {wire} failed on worker {name}: {code}: {message}");
                     let failure = Failure::WorkerError {
                         status: status_code,
@@ -161,7 +170,7 @@ impl Dispatcher {
                 }
             }
             WorkerMessage::BackendStatus { state, reason } => {
-                debug!("worker {name} backend {}: {reason:?}", state.as_str())
+                self.backend_status(worker, state, reason, now)
             }
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
@@ -300,6 +309,45 @@ impl Dispatcher {
             info!("request {wire} requeued (attempt {})", req.requeues);
             self.enqueue(id, now);
         }
+    }
+
+    /// Runs a request that failed on `worker` before its backend answered on another
+    /// worker, under the requeue rules: nothing reached the client, at most three
+    /// attempts in all, the queue deadline from arrival. Returns false when it may not.
+    pub(super) fn fail_over(
+        &mut self,
+        id: RequestId,
+        worker: WorkerId,
+        code: &str,
+        now: Instant,
+    ) -> bool {
+        let Some(req) = self.requests.get_mut(&id) else {
+            return false;
+        };
+        let attempts = 1 + req.requeues as usize + req.failed_on.len();
+        let streamed = matches!(req.stage, Stage::InFlight { streamed: true, .. });
+        if streamed || attempts >= MAX_ATTEMPTS || self.phase != Phase::Running {
+            return false;
+        }
+        req.failed_on.push(worker);
+        let wire = req.msg.request_id.clone();
+        if let Some(w) = self.registry.get_mut(worker) {
+            w.in_flight.remove(&id);
+        }
+        self.counters.failovers += 1;
+        info!(
+            "request {wire} failed over from worker w-{worker} ({code}), attempt {}",
+            attempts + 1
+        );
+        self.enqueue(id, now);
+        // Other workers first, so the one that failed takes it back only if no other can.
+        for other in self.registry.ids() {
+            if other != worker {
+                self.fill_worker(other, now);
+            }
+        }
+        self.after_slot_freed(worker, now);
+        true
     }
 
     pub(super) fn drain_worker(
