@@ -13,7 +13,7 @@ BINS = modelrelay-server modelrelay-worker
 FEATURES ?=
 FEATURE_FLAGS = $(if $(FEATURES),--features $(FEATURES),)
 
-.PHONY: build release static run test test-rust bench install uninstall clean lint
+.PHONY: build release static run test test-rust bench bench-queue install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -51,6 +51,10 @@ test-rust:
 bench:
 	$(CARGO) build --release --bins --example bench
 	./target/release/examples/bench
+
+# Dispatch cost with 100 / 1,000 / 10,000 queued requests across many tenants.
+bench-queue:
+	$(CARGO) run --release --example queue_bench
 
 install: release
 	install -d $(BINDIR) $(MANDIR) $(UNITDIR) $(EXAMPLEDIR)
