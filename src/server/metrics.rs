@@ -110,11 +110,7 @@ pub struct TenantStats {
 impl TenantStats {
     /// Percentile (0–100) of the recent queue waits.
     pub fn wait_percentile(&self, pct: usize) -> Duration {
-        let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();
-        v.sort_unstable();
-        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
+        percentile(&self.recent_waits, pct)
     }
 
     fn record(&mut self, f: &Finished, priority: &'static str) {
@@ -221,6 +217,15 @@ impl HttpMetrics {
     pub fn snapshot(&self) -> HttpInner {
         self.inner.lock().clone()
     }
+}
+
+/// Percentile (0–100) of a set of durations; zero when there are none.
+pub fn percentile(samples: &VecDeque<Duration>, pct: usize) -> Duration {
+    let mut v: Vec<Duration> = samples.iter().copied().collect();
+    v.sort_unstable();
+    v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
 }
 
 /// Escapes a Prometheus label value.

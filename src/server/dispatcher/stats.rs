@@ -63,11 +63,7 @@ impl Counters {
 
     /// Percentile (0–100) of the recent queue waits.
     pub fn wait_percentile(&self, pct: usize) -> Duration {
-        let mut v: Vec<Duration> = self.recent_waits.iter().copied().collect();
-        v.sort_unstable();
-        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
+        crate::server::metrics::percentile(&self.recent_waits, pct)
     }
 }
 
