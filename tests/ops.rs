@@ -213,7 +213,14 @@ fn api_keys_are_required_consumed_counted_and_revoked_at_once() {
         200
     );
 
-    let stats = admin(&server, "GET", "/admin/stats", None).json();
+    // A request is counted after its last byte is written, so the client can have its
+    // answer first: wait until both are counted, then check the figures exactly.
+    let mut stats = Value::Null;
+    wait_until("both keyed requests counted", || {
+        stats = admin(&server, "GET", "/admin/stats", None).json();
+        let n = stats["keys"][&id]["requests"].as_u64().unwrap_or(0);
+        (n >= 2, format!("keys: {}", stats["keys"]))
+    });
     assert_eq!(
         stats["keys"][&id],
         json!({"requests": 2, "tokens_in": 7, "tokens_out": 3})
@@ -366,8 +373,19 @@ fn metrics_count_a_known_mix_of_requests_exactly() {
     second.complete(&again.request_id, 200, "{}");
     assert_eq!(read_response(&mut c).status, 200);
     server.wait_health("cancel recorded", |h| h["in_flight"] == 0);
-
-    let text = request(server.addr, "GET", "/metrics", None, &[]).text();
+    // The HTTP side counts a request after writing its last byte (or seeing the hangup),
+    // so a client can have its answer before the count moves: wait until all six are
+    // counted, then check every figure exactly.
+    let mut text = String::new();
+    wait_until("all six client requests counted", || {
+        text = request(server.addr, "GET", "/metrics", None, &[]).text();
+        let counted: f64 = parse_metrics(&text)
+            .iter()
+            .filter(|(k, _)| k.starts_with("modelrelay_requests_total{"))
+            .map(|(_, v)| v)
+            .sum();
+        (counted >= 6.0, format!("{counted} counted in\n{text}"))
+    });
     let m = parse_metrics(&text);
     let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("missing {k} in\n{text}"));
     assert_eq!(

@@ -215,9 +215,16 @@ fn models_lists_the_union_of_connected_non_draining_workers() {
         ids.sort();
         ids
     };
-    assert_eq!(ids(&server), vec!["llama", "phi", "qwen"]);
+    // `/v1/models` is republished after the acks go out: wait for it, do not race it.
+    wait_until("both workers' models listed", || {
+        let got = ids(&server);
+        (got == ["llama", "phi", "qwen"], format!("listed {got:?}"))
+    });
     b.send(json!({"type": "worker_draining"}));
-    server.wait_health("drain applied", |_| ids(&server) == vec!["llama", "qwen"]);
+    wait_until("drain applied", || {
+        let got = ids(&server);
+        (got == ["llama", "qwen"], format!("listed {got:?}"))
+    });
     let h = server.health();
     assert_eq!(h["status"], "ok");
     assert_eq!(h["workers_connected"], 2);
@@ -286,11 +293,13 @@ fn request_timeout_mid_stream_ends_with_an_sse_error() {
 #[test]
 fn unknown_model_fails_fast_once_the_server_is_older_than_the_queue_timeout() {
     let server = TestServer::start_with(|c| c.dispatch.queue_timeout = Duration::from_secs(1));
-    let _w = FakeWorker::connect(server.addr, &["llama3"], 1);
-    // Young server: the typo waits in the queue and times out.
+    // Young server: the typo waits in the queue and times out. Sent first thing, so the
+    // server is as young as it can be (nothing else has to happen within the window).
     let resp = post(server.addr, "/v1/chat/completions", &chat("lama3", false));
     assert_eq!(resp.status, 504);
-    // Older than the window now: 404 at once, listing what exists.
+    let _w = FakeWorker::connect(server.addr, &["llama3"], 1);
+    // Older than the window now (the 504 took a whole window): 404 at once, listing
+    // what exists.
     let resp = post(server.addr, "/v1/chat/completions", &chat("lama3", false));
     assert_eq!(resp.status, 404);
     let v = resp.json();

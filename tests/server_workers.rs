@@ -43,7 +43,8 @@ fn wrong_or_missing_secret_and_unknown_provider_are_refused_before_registration(
         FakeWorker::try_connect(server.addr, &legacy, None, register(None)),
         Upgrade::Ok(_)
     ));
-    assert_eq!(server.health()["workers_connected"], 1);
+    // The ack is sent before `/health` is republished: wait for it, do not race it.
+    server.wait_health("the legacy worker counted", |h| h["workers_connected"] == 1);
 }
 
 #[test]
@@ -88,7 +89,7 @@ fn protocol_versions_one_bridge_and_legacy_are_accepted_others_closed() {
         closed.contains("1002") || closed.contains("Protocol"),
         "{closed}"
     );
-    assert_eq!(server.health()["workers_connected"], 3);
+    server.wait_health("three workers counted", |h| h["workers_connected"] == 3);
 }
 
 #[test]
@@ -154,42 +155,69 @@ fn pings_are_sent_and_silent_workers_are_closed_with_the_documented_reason() {
     let alive = FakeWorker::connect(server.addr, &["m"], 1);
     let silent = FakeWorker::connect(server.addr, &["m"], 1);
     // `alive` answers pings; `silent` never does (a half-open socket looks the same).
-    let started = Instant::now();
-    let mut pongs = 0;
-    while started.elapsed() < Duration::from_millis(1500) {
-        if let Some(Seen::Msg(ServerMessage::Ping { timestamp_unix_ms })) =
-            alive.next_seen(Duration::from_millis(500))
-        {
-            alive.send(
-                json!({"type": "pong", "current_load": 0, "timestamp_unix_ms": timestamp_unix_ms}),
-            );
-            pongs += 1;
-        }
-    }
+    // The responder keeps answering until the silent worker is gone, however long the
+    // server takes to notice, so `alive` never goes quiet itself.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let pongs = std::thread::scope(|scope| {
+        let responder = scope.spawn(|| {
+            let deadline = Instant::now() + WAIT;
+            let mut pongs = 0;
+            while !(stop.load(std::sync::atomic::Ordering::SeqCst) && pongs >= 2)
+                && Instant::now() < deadline
+            {
+                if let Some(Seen::Msg(ServerMessage::Ping { timestamp_unix_ms })) =
+                    alive.next_seen(Duration::from_millis(20))
+                {
+                    alive.send(
+                        json!({"type": "pong", "current_load": 0, "timestamp_unix_ms": timestamp_unix_ms}),
+                    );
+                    pongs += 1;
+                }
+            }
+            pongs
+        });
+        let frame = silent.closed().expect("close frame");
+        assert_eq!(frame.1, "worker heartbeat timed out");
+        // The close frame can reach us before `/health` is republished.
+        server.wait_health("only the silent worker removed", |h| {
+            h["workers_connected"] == 1
+        });
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        responder.join().expect("responder")
+    });
+    // The silent worker lasted a whole timeout (1 s): pings every 300 ms meanwhile.
     assert!(pongs >= 2, "pings arrive every interval ({pongs})");
-    let frame = silent.closed().expect("close frame");
-    assert_eq!(frame.1, "worker heartbeat timed out");
-    assert_eq!(server.health()["workers_connected"], 1);
 }
 
 #[test]
 fn pong_load_and_models_update_change_routing_at_once() {
-    let server = TestServer::start();
+    // The worker's messages and the client's request reach the dispatcher on different
+    // sockets, in no set order: each step waits until the server shows the previous one
+    // applied (`/admin/workers`, `/health`) before it takes the next.
+    let server = TestServer::start_admin(|_| {});
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    let id = worker.worker_id.clone();
     worker.send(json!({"type": "pong", "current_load": 1}));
+    server.wait_worker(&id, "the pong's load applied", |w| w["reported_load"] == 1);
     let mut client = open_chat(server.addr, "m", false);
     server.wait_health("request queued behind reported load", |h| {
-        h["queue_depth"] == 1
+        h["queue_depth"] == 1 && h["in_flight"] == 0
     });
     worker.send(json!({"type": "pong", "current_load": 0}));
     let req = worker.request();
     worker.complete(&req.request_id, 200, "{}");
     assert_eq!(read_response(&mut client).status, 200);
+    server.wait_worker(&id, "the first request finished", |w| {
+        w["in_flight"] == 0 && w["reported_load"] == 0
+    });
     let mut client = open_chat(server.addr, "new-model", false);
     server.wait_health("queued for unknown model", |h| h["queue_depth"] == 1);
     worker.send(json!({"type": "models_update", "models": ["m", "new-model"], "current_load": 0}));
     let req = worker.request();
     assert_eq!(req.model, "new-model");
+    server.wait_worker(&id, "the models update applied", |w| {
+        w["models"] == json!(["m", "new-model"])
+    });
     worker.complete(&req.request_id, 200, "{}");
     assert_eq!(read_response(&mut client).status, 200);
 }
@@ -302,12 +330,10 @@ fn worker_death_mid_stream_ends_the_stream_with_an_error_and_never_splices() {
     let a = FakeWorker::connect(server.addr, &["m"], 1);
     let b = FakeWorker::connect(server.addr, &["m"], 1);
     let mut client = open_chat(server.addr, "m", true);
-    let (streaming, idle) = match (a.recv_within(Duration::from_secs(2)), ()) {
-        (Some(ServerMessage::Request(r)), ()) => ((a, r), b),
-        _ => {
-            let r = b.request();
-            ((b, r), a)
-        }
+    // Whichever worker the request went to (no time limit on finding out).
+    let (streaming, idle) = match FakeWorker::first_request(&[&a, &b]) {
+        (0, r) => ((a, r), b),
+        (_, r) => ((b, r), a),
     };
     streaming.0.chunk(&streaming.1.request_id, "data: part\n\n");
     let mut reader = BufReader::new(&mut client);
@@ -352,13 +378,17 @@ fn two_hundred_concurrent_requests_across_four_workers_no_loss_no_duplicates() {
         .map(|_| FakeWorker::connect(server.addr, &["m"], 8))
         .collect();
     let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
+    // Workers answer until every client has its answer (not until a quiet spell, which
+    // a slow machine could produce mid-run).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut handles = Vec::new();
     for w in workers {
         let seen_tx = seen_tx.clone();
+        let stop = stop.clone();
         handles.push(std::thread::spawn(move || {
             let mut n = 0;
-            while let Some(msg) = w.recv_within(Duration::from_secs(3)) {
-                if let ServerMessage::Request(r) = msg {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Some(ServerMessage::Request(r)) = w.recv_within(Duration::from_millis(20)) {
                     seen_tx.send(r.request_id.clone()).unwrap();
                     // Echo the client's marker so each client can check it got its own answer.
                     w.complete(&r.request_id, 200, &r.body);
@@ -383,6 +413,7 @@ fn two_hundred_concurrent_requests_across_four_workers_no_loss_no_duplicates() {
     for c in clients {
         c.join().expect("client ok");
     }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let per_worker: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     let ids: Vec<String> = seen_rx.iter().collect();
     let unique: HashSet<&String> = ids.iter().collect();

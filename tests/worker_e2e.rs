@@ -198,25 +198,39 @@ fn capacity_is_intact_after_100_cancels_with_one_slot() {
         1,
         "MAX_CONCURRENCY respected"
     );
-    server.proc.wait_line("request");
-    let h = server.health();
-    assert_eq!(h["in_flight"], 0);
+    // `/health` is republished just after the answer goes out: wait for it.
+    wait_until("nothing in flight", || {
+        let h = server.health();
+        (h["in_flight"] == 0, format!("health {h}"))
+    });
 }
 
 #[test]
 fn max_concurrency_is_never_exceeded_at_the_backend() {
     let (server, _w, backend, _) = relay(&[("MAX_CONCURRENCY", "2")]);
+    // Held requests stay at the backend until released: two fill the worker and the
+    // other six wait in the relay, however slowly the clients start.
     let clients: Vec<_> = (0..8)
         .map(|_| {
             let addr = server.addr;
             std::thread::spawn(move || {
-                post(addr, "/v1/chat/completions", &body(false, "delay:100")).status
+                post(addr, "/v1/chat/completions", &body(false, "hold")).status
             })
         })
         .collect();
+    wait_until("two held at the backend, six queued in the relay", || {
+        let h = server.health();
+        let active = backend.stats.active.load(Ordering::SeqCst);
+        (
+            active == 2 && h["queue_depth"] == 6,
+            format!("backend active {active}, health {h}"),
+        )
+    });
+    backend.release();
     for c in clients {
         assert_eq!(c.join().unwrap(), 200);
     }
+    assert_eq!(backend.stats.requests.load(Ordering::SeqCst), 8);
     assert_eq!(backend.stats.max_active.load(Ordering::SeqCst), 2);
 }
 
@@ -243,15 +257,17 @@ fn backend_down_is_a_clear_502_and_the_worker_stays_connected() {
         .unwrap()
         .contains(&addr.to_string()));
     worker.wait_line("backend error for request");
-    // Toward this server (no `backend_health`) the worker withdraws its models.
+    // This server offers `backend_health`: the worker reports the outage (no other
+    // worker could take the request, so the 502 came through at once).
     worker.wait_line("backend down: ");
-    wait_models(&server, &[]);
+    server.proc.wait_line("backend down: ");
     assert_eq!(server.health()["workers_connected"], 1);
-    // The backend comes up on that address: the same worker advertises and serves again.
+    // The backend comes up on that address: the same worker serves again.
     let _revived = FakeBackend::new("m", ANSWER)
         .spawn_stoppable(&addr.to_string())
         .expect("rebind");
     worker.wait_line("backend up again after");
+    server.proc.wait_line("backend up");
     wait_models(&server, &["m"]);
     assert_eq!(
         post(server.addr, "/v1/chat/completions", &body(false, "")).status,
@@ -299,16 +315,16 @@ fn llama_style_close_after_stream_does_not_break_the_next_request() {
 #[test]
 fn worker_killed_mid_request_is_requeued_to_a_second_worker() {
     let server = ServerProc::start(&[]);
-    let (addr_a, _, seen_a) = backend();
-    let (addr_b, _, seen_b) = backend();
+    let (addr_a, backend_a, seen_a) = backend();
+    let (addr_b, backend_b, seen_b) = backend();
     let mut wa = start_worker(server.addr, addr_a, &[]);
     let mut wb = start_worker(server.addr, addr_b, &[]);
     server.wait_workers(2);
     let client = {
         let addr = server.addr;
-        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "delay:1500")))
+        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "hold")))
     };
-    // Whichever backend got the request: kill its worker before it answers.
+    // Whichever backend got the request: kill its worker while the request is held.
     let deadline = Instant::now() + WAIT;
     let (victim, survivor_seen) = loop {
         if let Ok(Observed::Request(..)) = seen_a.try_recv() {
@@ -326,18 +342,21 @@ fn worker_killed_mid_request_is_requeued_to_a_second_worker() {
         matches!(survivor_seen.recv_timeout(WAIT), Ok(Observed::Request(..))),
         "requeued to the other worker"
     );
+    backend_a.release();
+    backend_b.release();
     let resp = client.join().unwrap();
     assert_eq!(resp.status, 200);
 }
 
 #[test]
 fn sigterm_drains_the_in_flight_request_then_exits_zero() {
-    let (server, mut worker, _, seen) = relay(&[]);
+    let (server, mut worker, backend, seen) = relay(&[]);
     let client = {
         let addr = server.addr;
-        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "delay:700")))
+        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "hold")))
     };
     assert!(matches!(seen.recv_timeout(WAIT), Ok(Observed::Request(..))));
+    // The request is held at the backend until the drain has been seen.
     worker.signal("TERM");
     worker.wait_line("graceful shutdown");
     // The server stops routing to the draining worker at once.
@@ -350,6 +369,8 @@ fn sigterm_drains_the_in_flight_request_then_exits_zero() {
         assert!(Instant::now() < deadline, "draining worker still routable");
         std::thread::sleep(Duration::from_millis(5));
     }
+    assert!(!client.is_finished(), "still in flight while draining");
+    backend.release();
     let resp = client.join().unwrap();
     assert_eq!(resp.status, 200, "in-flight request finished during drain");
     let status = worker.wait_exit();
@@ -395,14 +416,17 @@ fn wrong_secret_is_logged_clearly_and_missing_secret_exits_2() {
 
 #[test]
 fn server_sigterm_drains_workers_which_finish_and_exit_zero() {
-    let (mut server, mut worker, _, seen) = relay(&[]);
+    let (mut server, mut worker, backend, seen) = relay(&[]);
     let client = {
         let addr = server.addr;
-        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "delay:500")))
+        std::thread::spawn(move || post(addr, "/v1/chat/completions", &body(false, "hold")))
     };
     assert!(matches!(seen.recv_timeout(WAIT), Ok(Observed::Request(..))));
+    // The request is held at the backend until the worker has been told to drain.
     server.proc.signal("TERM");
     worker.wait_line("graceful shutdown (server asked");
+    assert!(!client.is_finished(), "still in flight while draining");
+    backend.release();
     assert_eq!(
         client.join().unwrap().status,
         200,

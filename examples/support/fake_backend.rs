@@ -31,6 +31,8 @@ pub struct Stats {
     pub active: AtomicUsize,
     pub max_active: AtomicUsize,
     pub requests: AtomicUsize,
+    /// Set by [`FakeBackend::release`]: `hold` requests answer from then on.
+    pub released: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -84,6 +86,9 @@ enum Scenario {
     Drip,
     /// Wait this long before answering (normal answer).
     Delay(u64),
+    /// Wait until [`FakeBackend::release`] is called (at most 10 s), then answer
+    /// normally: a request stays in flight until the test has seen what it needs.
+    Hold,
     /// Stream normally, then close the connection although keep-alive was implied
     /// (what llama-server does).
     CloseAfter,
@@ -103,6 +108,7 @@ fn scenario(body: &str) -> Scenario {
         "hang" => Scenario::Hang,
         "drip" => Scenario::Drip,
         "delay" => Scenario::Delay(arg.parse().unwrap_or(100)),
+        "hold" => Scenario::Hold,
         "close-after" => Scenario::CloseAfter,
         _ => Scenario::Normal,
     }
@@ -124,6 +130,11 @@ impl FakeBackend {
     pub fn resetting(mut self) -> FakeBackend {
         self.reset = true;
         self
+    }
+
+    /// Lets every held (`"scenario":"hold"`) request answer, now and from then on.
+    pub fn release(&self) {
+        self.stats.released.store(true, Ordering::SeqCst);
     }
 
     /// Reports requests and closed connections on the returned channel.
@@ -284,6 +295,13 @@ impl FakeBackend {
             }
             Scenario::Delay(ms) => {
                 std::thread::sleep(Duration::from_millis(ms));
+                self.normal(out, stream)
+            }
+            Scenario::Hold => {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !self.stats.released.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
                 self.normal(out, stream)
             }
             Scenario::CloseAfter => {

@@ -21,6 +21,8 @@ use tungstenite::Message;
 pub mod procs;
 
 pub const SECRET: &str = "s3cret";
+/// The admin token of [`TestServer::start_admin`].
+pub const ADMIN_TOKEN: &str = "test-admin-token";
 /// Upper bound for waiting on something that should happen promptly. Tests fail, not
 /// hang, when it does not.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -49,6 +51,46 @@ impl TestServer {
         }
     }
 
+    /// A server with the admin API on ([`ADMIN_TOKEN`], an empty state directory of its
+    /// own), so a test can read `/admin/workers`: the dispatcher answers that query in
+    /// turn with the events it received, so what it shows has been applied.
+    pub fn start_admin(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("mr-test-admin-{}-{n}", std::process::id()));
+        TestServer::start_with(move |c| {
+            c.admin_token = Some(ADMIN_TOKEN.into());
+            c.state_dir = dir;
+            tweak(c);
+        })
+    }
+
+    /// `GET /admin/workers` (needs [`TestServer::start_admin`]).
+    pub fn workers(&self) -> Vec<Value> {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let r = request(
+            self.addr,
+            "GET",
+            "/admin/workers",
+            None,
+            &[("authorization", &auth)],
+        );
+        assert_eq!(r.status, 200, "/admin/workers: {}", r.text());
+        r.json()["workers"]
+            .as_array()
+            .expect("workers list")
+            .clone()
+    }
+
+    /// Waits until the worker `id` as `/admin/workers` shows it satisfies `pred`.
+    pub fn wait_worker(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) {
+        wait_until(what, || {
+            let list = self.workers();
+            let found = list.iter().find(|w| w["id"] == id).cloned();
+            (found.as_ref().is_some_and(&pred), format!("{list:?}"))
+        });
+    }
+
     /// Starts the graceful shutdown and returns a receiver that fires when it finished.
     pub fn shutdown(&mut self) -> Receiver<()> {
         self.handle.shutdown();
@@ -69,18 +111,28 @@ impl TestServer {
 
     /// Waits until `/health` satisfies `pred` (the server's own published state).
     pub fn wait_health(&self, what: &str, pred: impl Fn(&Value) -> bool) {
-        let deadline = std::time::Instant::now() + WAIT;
-        loop {
+        wait_until(what, || {
             let h = self.health();
-            if pred(&h) {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting for {what}; last health: {h}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
+            (pred(&h), format!("last health: {h}"))
+        });
+    }
+}
+
+/// Polls `probe` until it reports true; panics after [`WAIT`] with what it last saw.
+/// For state another thread publishes (a gauge, a counter, a list): wait for it, never
+/// for time.
+pub fn wait_until(what: &str, mut probe: impl FnMut() -> (bool, String)) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (done, seen) = probe();
+        if done {
+            return;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; {seen}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -266,6 +318,24 @@ impl FakeWorker {
         match self.recv() {
             ServerMessage::Request(r) => r,
             other => panic!("expected a request, got {other:?}"),
+        }
+    }
+
+    /// Whichever of `workers` is sent a request first: its index and the request.
+    pub fn first_request(workers: &[&FakeWorker]) -> (usize, Arc<RequestMessage>) {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            for (i, w) in workers.iter().enumerate() {
+                match w.recv_within(Duration::from_millis(5)) {
+                    Some(ServerMessage::Request(r)) => return (i, r),
+                    Some(other) => panic!("expected a request, got {other:?}"),
+                    None => {}
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no worker received a request within {WAIT:?}"
+            );
         }
     }
 

@@ -9,15 +9,24 @@ CACHE=$(contrib/ci/setup-real-backend.sh | tail -n 1)
 cargo build --quiet --release --bins
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-LLAMA_PORT=$(free_port); RELAY_PORT=$(free_port)
+LLAMA_PORT=$(free_port); RELAY_PORT=$(free_port); FAST_PORT=$(free_port)
 LOGS=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
+# The main relay's queue timeout is far above anything the suite runs (four 96-token
+# streams on two busy cores can take a minute): a queued request waits for a slot to
+# free, whatever the machine's speed. The fast-404 answer for unknown models needs a
+# relay older than its queue timeout, so a second relay with a 2 s timeout (and its own
+# worker on the same llama-server) serves that one test.
+FAST404_QUEUE_TIMEOUT_SECS=2
 "$CACHE/llama-server" -m "$CACHE/gemma3.gguf" --alias gemma3 --host 127.0.0.1 --port "$LLAMA_PORT" \
   -np 4 -c 4096 -t 2 --no-jinja --chat-template gemma >"$LOGS/llama.log" 2>&1 & pids+=($!)
-WORKER_SECRET=real QUEUE_TIMEOUT_SECS=8 LISTEN_ADDR="127.0.0.1:$RELAY_PORT" ./target/release/modelrelay-server >"$LOGS/server.log" 2>&1 & pids+=($!)
+WORKER_SECRET=real QUEUE_TIMEOUT_SECS=600 LISTEN_ADDR="127.0.0.1:$RELAY_PORT" \
+  ./target/release/modelrelay-server >"$LOGS/server.log" 2>&1 & pids+=($!)
+WORKER_SECRET=real QUEUE_TIMEOUT_SECS=$FAST404_QUEUE_TIMEOUT_SECS LISTEN_ADDR="127.0.0.1:$FAST_PORT" \
+  ./target/release/modelrelay-server >"$LOGS/server-fast404.log" 2>&1 & pids+=($!)
 
 for _ in $(seq 1 600); do
   [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$LLAMA_PORT/health")" = 200 ] && break
@@ -25,9 +34,12 @@ for _ in $(seq 1 600); do
 done
 WORKER_SECRET=real PROXY_URL="http://127.0.0.1:$RELAY_PORT" BACKEND_URL="http://127.0.0.1:$LLAMA_PORT" \
   MAX_CONCURRENCY=4 ./target/release/modelrelay-worker >"$LOGS/worker.log" 2>&1 & pids+=($!)
+WORKER_SECRET=real PROXY_URL="http://127.0.0.1:$FAST_PORT" BACKEND_URL="http://127.0.0.1:$LLAMA_PORT" \
+  MAX_CONCURRENCY=1 ./target/release/modelrelay-worker >"$LOGS/worker-fast404.log" 2>&1 & pids+=($!)
 
 if ! RELAY="http://127.0.0.1:$RELAY_PORT" LLAMA="http://127.0.0.1:$LLAMA_PORT" MODEL=gemma3 \
+    RELAY_FAST404="http://127.0.0.1:$FAST_PORT" FAST404_QUEUE_TIMEOUT_SECS=$FAST404_QUEUE_TIMEOUT_SECS \
     "$CACHE/venv/bin/python" tests/real_backend/test_sdks.py; then
-  for f in llama server worker; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
+  for f in llama server worker server-fast404 worker-fast404; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
   exit 1
 fi

@@ -1151,3 +1151,24 @@ fn consecutive_failures_eject_a_worker_with_growing_backoff_and_never_half_the_p
         other => panic!("expected ejected, got {other:?}"),
     }
 }
+
+#[test]
+fn with_no_worker_up_to_take_it_a_retryable_error_goes_through_at_once() {
+    use crate::protocol::BackendState;
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.submit(1, "m");
+    status(&mut h, 1, BackendState::Down);
+    let a = h.said(1, retryable_error(1));
+    assert!(matches!(
+        failures(&a)[..],
+        [(
+            1,
+            Failure::WorkerError {
+                status: Some(502),
+                ..
+            }
+        )]
+    ));
+    assert_eq!(h.d.counters().failovers, 0);
+}

@@ -329,6 +329,17 @@ impl Dispatcher {
         if streamed || attempts >= MAX_ATTEMPTS || self.phase != Phase::Running {
             return false;
         }
+        // With no worker up to run it, waiting helps nobody: the error goes through.
+        let model = req.msg.model.clone();
+        let runnable = |w: &super::Worker| {
+            w.serves(&model) && w.health == super::Health::Up && !w.is_draining()
+        };
+        if !self.registry.iter().any(runnable) {
+            return false;
+        }
+        let Some(req) = self.requests.get_mut(&id) else {
+            return false;
+        };
         req.failed_on.push(worker);
         let wire = req.msg.request_id.clone();
         if let Some(w) = self.registry.get_mut(worker) {
