@@ -8,6 +8,9 @@
 //! * [`FakeBackend::spawn_stoppable`] serves until [`Running::stop`], which closes the
 //!   listener and every open connection (a backend that died); [`FakeBackend::resetting`]
 //!   makes every connection end in a TCP reset instead of an answer.
+//! * Backend-wide behaviour, whatever the body says: [`FakeBackend::always_status`] (a
+//!   wedged backend answering every POST with one status) and [`FakeBackend::answer_delay`]
+//!   (a pause before every POST answer, like generation time). Both are off by default.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -44,6 +47,10 @@ pub struct FakeBackend {
     observer: Option<crossbeam_channel::Sender<Observed>>,
     /// Reset every connection once the client sent something (see [`Self::resetting`]).
     reset: bool,
+    /// Answer every POST with this status (see [`Self::always_status`]).
+    status: Option<u16>,
+    /// Pause before answering every POST (see [`Self::answer_delay`]).
+    delay: Option<Duration>,
 }
 
 /// A backend started by [`FakeBackend::spawn_stoppable`].
@@ -122,7 +129,23 @@ impl FakeBackend {
             stats: Arc::new(Stats::default()),
             observer: None,
             reset: false,
+            status: None,
+            delay: None,
         }
+    }
+
+    /// Answers every POST with `status` and a JSON error body, whatever its scenario: a
+    /// backend that is up but fails everything (a wedged GPU). `GET /v1/models` still works.
+    pub fn always_status(mut self, status: u16) -> FakeBackend {
+        self.status = Some(status);
+        self
+    }
+
+    /// Waits `delay` before answering every POST (streaming or not), like a model
+    /// generating; added to a `delay:N` scenario.
+    pub fn answer_delay(mut self, delay: Duration) -> FakeBackend {
+        self.delay = Some(delay);
+        self
     }
 
     /// Accepts connections, then resets each one (closing with the request unread makes
@@ -249,7 +272,14 @@ impl FakeBackend {
     /// Answers one POST; false when the connection should close.
     fn answer(&self, out: &mut TcpStream, reader: &mut BufReader<TcpStream>, body: &str) -> bool {
         let stream = is_stream(body.as_bytes());
-        match scenario(body) {
+        if let Some(delay) = self.delay {
+            std::thread::sleep(delay);
+        }
+        let chosen = match self.status {
+            Some(code) => Scenario::Status(code),
+            None => scenario(body),
+        };
+        match chosen {
             Scenario::Status(code) => {
                 let err = format!(
                     r#"{{"error":{{"message":"scenario status {code}","type":"backend_error"}}}}"#
@@ -278,7 +308,7 @@ impl FakeBackend {
                 out.write_all(b"0\r\n\r\n").is_ok()
             }
             Scenario::Hang | Scenario::Drip => {
-                let drip = scenario(body) == Scenario::Drip;
+                let drip = chosen == Scenario::Drip;
                 let began = Instant::now();
                 if !start_stream(out) || write_chunk(out, b"data: {\"n\":0}\n\n").is_err() {
                     return false;

@@ -5,8 +5,9 @@
 //! everything): after `OUTLIER_CONSECUTIVE_FAILURES` answers in a row that were 5xx or
 //! transport failures, the worker is skipped for an ejection time that doubles with each
 //! ejection in a row (10 s, 20 s, 40 s … at most 5 min) and starts over after a clean
-//! stretch. Never more than half of the workers serving a model are ejected at once, so
-//! one poisoned request shape cannot empty the pool.
+//! stretch. Never more than half of the workers serving a model are ejected at once, nor
+//! the last one that is up (the others' backends may be down), so one poisoned request
+//! shape cannot empty the pool.
 
 use std::time::{Duration, Instant};
 
@@ -93,9 +94,13 @@ impl Dispatcher {
 
     fn eject(&mut self, worker: WorkerId, now: Instant) {
         if !self.may_eject(worker) {
-            if let Some(w) = self.registry.get(worker) {
+            // Said once, when the worker crosses the threshold, not on every failure after.
+            let crossing = |w: &super::Worker| {
+                w.record.consecutive_failures == self.cfg.outlier_consecutive_failures
+            };
+            if let Some(w) = self.registry.get(worker).filter(|w| crossing(w)) {
                 warn!(
-                    "worker {} ({}) keeps failing but is not ejected: half of its models' workers are out already",
+                    "worker {} ({}) keeps failing but is not ejected: half of its models' workers are out already, or no other is up",
                     w.wire_id, w.name
                 );
             }
@@ -121,7 +126,8 @@ impl Dispatcher {
         self.timers.insert((until, Timer::Readmit(worker)));
     }
 
-    /// Whether ejecting `worker` keeps at least half of the workers of each of its models.
+    /// Whether ejecting `worker` keeps at least half of the workers of each of its models,
+    /// and another one that is up and takes work (not down, ejected or draining).
     fn may_eject(&self, worker: WorkerId) -> bool {
         let Some(w) = self.registry.get(worker) else {
             return false;
@@ -132,7 +138,10 @@ impl Dispatcher {
                 .iter()
                 .filter(|o| matches!(o.health, Health::Ejected { .. }))
                 .count();
-            (out + 1) * 2 <= serving.len()
+            let another_up = serving
+                .iter()
+                .any(|o| o.id != worker && o.health == Health::Up && !o.is_draining());
+            (out + 1) * 2 <= serving.len() && another_up
         })
     }
 

@@ -975,6 +975,42 @@ fn answer(h: &mut Harness, worker: WorkerId, id: RequestId, code: u16) -> Vec<Ac
 }
 
 #[test]
+fn the_last_worker_up_is_not_ejected_while_the_others_are_down() {
+    use crate::protocol::BackendState;
+    let mut h = Harness::new();
+    h.join(1, &["m"], 4);
+    h.join(2, &["m"], 4);
+    status(&mut h, 1, BackendState::Down);
+    // Worker 2 fails everything, but it is all that is left: ejecting it would turn
+    // its answers into no_healthy_worker for everyone.
+    for id in 1..=8 {
+        assert_eq!(dispatched(&h.submit(id, "m")), vec![(id, 2)]);
+        answer(&mut h, 2, id, 500);
+    }
+    assert_eq!(h.d.registry().get(2).map(|w| w.health.label()), Some("up"));
+    assert_eq!(h.d.counters().ejections, 0);
+    // Worker 1 is back: the next failure ejects worker 2.
+    status(&mut h, 1, BackendState::Up);
+    let on = |h: &Harness, id| {
+        h.d.registry()
+            .get(2)
+            .is_some_and(|w| w.in_flight.contains(&id))
+    };
+    let mut id = 100;
+    while h.d.counters().ejections == 0 {
+        id += 1;
+        assert!(id < 110, "worker 2 never ejected");
+        h.submit(id, "m");
+        let (worker, code) = if on(&h, id) { (2, 500) } else { (1, 200) };
+        answer(&mut h, worker, id, code);
+    }
+    assert_eq!(
+        h.d.registry().get(2).map(|w| w.health.label()),
+        Some("ejected")
+    );
+}
+
+#[test]
 fn a_retryable_failure_runs_again_on_another_worker_not_the_same() {
     let mut h = Harness::new();
     h.join(1, &["m"], 2);
