@@ -158,7 +158,7 @@ impl Class {
         self.len += 1;
     }
 
-    fn remove(&mut self, id: RequestId, e: &Entry) {
+    fn remove(&mut self, e: &Entry) {
         let p = e.place;
         if let Some(set) = self.by_model.get_mut(e.msg.model.as_str()) {
             set.remove(&(p.tag, p.seq));
@@ -176,7 +176,6 @@ impl Class {
             }
         }
         self.len -= 1;
-        let _ = id;
     }
 
     /// The best request for a worker that serves `serves` and `accept`s it (a worker
@@ -284,7 +283,7 @@ impl FairQueue {
         *self.per_tenant.entry(who.tenant.clone()).or_default() += 1;
         if let Some(old) = self.entries.insert(id, entry) {
             // Never expected (ids are unique); keep the indexes consistent anyway.
-            self.classes[old.place.class.index()].remove(id, &old);
+            self.classes[old.place.class.index()].remove(&old);
             self.untrack_tenant(&old.tenant);
         }
     }
@@ -292,7 +291,7 @@ impl FairQueue {
     /// Removes a waiting request; returns its place.
     pub fn remove(&mut self, id: RequestId) -> Option<Place> {
         let entry = self.entries.remove(&id)?;
-        self.classes[entry.place.class.index()].remove(id, &entry);
+        self.classes[entry.place.class.index()].remove(&entry);
         self.untrack_tenant(&entry.tenant);
         Some(entry.place)
     }
@@ -350,7 +349,7 @@ impl FairQueue {
             return;
         };
         let from = entry.place.class;
-        self.classes[from.index()].remove(id, &entry);
+        self.classes[from.index()].remove(&entry);
         let to = from.up();
         let tag = self.classes[to.index()].stamp(&entry.tenant, entry.weight);
         entry.place = Place {
