@@ -43,6 +43,8 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
         protocol_version: Some("1".into()),
         current_load: Some(0),
         features: vec![],
+        loaded_models: None,
+        backend_kind: None,
     };
     d.handle(
         Event::WorkerJoined {

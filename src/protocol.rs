@@ -15,6 +15,8 @@
 //! * `retryable` on `error`: the request failed before the backend sent anything back
 //!   (connection refused or reset, connect timeout, 502/503/504), so the server may run
 //!   it on another worker. A server that does not know the field sees today's error.
+//! * `loaded_models` and `backend_kind` on `register`, `loaded_models` on `models_update`:
+//!   which advertised models the backend holds in memory (routing prefers those).
 //! * `backend_status` (worker → server, `{"state": "up"|"down", "reason": ...}`): the
 //!   worker's backend went down or came back. Only sent when the server listed
 //!   [`FEATURE_BACKEND_HEALTH`]; toward any other server the worker advertises an
@@ -90,6 +92,13 @@ pub struct RegisterMessage {
     pub current_load: Option<u32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// Extension: which of `models` the backend holds in memory now (the rest load on
+    /// first use). Absent: unknown, every model counts as available only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded_models: Option<Vec<String>>,
+    /// Extension: what the backend is (`ollama`, `llama-server`, `vllm`, `openai`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend_kind: Option<String>,
 }
 
 /// `register_ack`: the server's answer to `register`.
@@ -193,6 +202,9 @@ pub enum WorkerMessage {
     ModelsUpdate {
         models: Vec<String>,
         current_load: u32,
+        /// Extension: see [`RegisterMessage::loaded_models`].
+        #[serde(skip_serializing_if = "Option::is_none")]
+        loaded_models: Option<Vec<String>>,
     },
     ResponseChunk {
         request_id: String,
@@ -252,6 +264,8 @@ struct Raw {
     max_concurrent: Option<u32>,
     protocol_version: Option<String>,
     current_load: Option<u32>,
+    loaded_models: Option<Vec<String>>,
+    backend_kind: Option<String>,
     request_id: Option<String>,
     model: Option<String>,
     endpoint_path: Option<String>,
@@ -310,10 +324,13 @@ impl WorkerMessage {
                 protocol_version: r.protocol_version,
                 current_load: r.current_load,
                 features: r.features.unwrap_or_default(),
+                loaded_models: r.loaded_models,
+                backend_kind: r.backend_kind,
             }),
             "models_update" => WorkerMessage::ModelsUpdate {
                 models: need(r.models, k, "models")?,
                 current_load: r.current_load.unwrap_or(0),
+                loaded_models: r.loaded_models,
             },
             "response_chunk" => WorkerMessage::ResponseChunk {
                 request_id: need(r.request_id, k, "request_id")?,
@@ -501,6 +518,7 @@ mod tests {
             WorkerMessage::ModelsUpdate {
                 models: vec!["a".into()],
                 current_load: 1,
+                loaded_models: Some(vec!["a".into()]),
             },
             WorkerMessage::WorkerDraining {},
         ];

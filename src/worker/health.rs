@@ -185,6 +185,7 @@ pub fn plan(
         out.push(WorkerMessage::ModelsUpdate {
             models,
             current_load: view.current_load,
+            loaded_models: None,
         });
     }
     out
@@ -370,6 +371,7 @@ mod tests {
         let update = |models: &[&str]| WorkerMessage::ModelsUpdate {
             models: models.iter().map(|m| m.to_string()).collect(),
             current_load: 0,
+            loaded_models: None,
         };
         let down = plan(&mut told, &view(&models, Some("refused")), false, false);
         assert_eq!(down, vec![update(&[])]);

@@ -165,6 +165,8 @@ fn register_message(shared: &Shared) -> RegisterMessage {
             protocol::FEATURE_FAILOVER.into(),
             protocol::FEATURE_BACKEND_HEALTH.into(),
         ],
+        loaded_models: None,
+        backend_kind: None,
     }
 }
 
@@ -268,6 +270,7 @@ pub fn announce_drain(shared: &Shared, link: &Link) {
         WorkerMessage::ModelsUpdate {
             models: Vec::new(),
             current_load: shared.inflight.len() as u32,
+            loaded_models: None,
         }
     };
     link.out.send(&msg);

@@ -35,6 +35,10 @@ pub struct Worker {
     pub health: Health,
     /// Its recent answers, for outlier ejection.
     pub record: Record,
+    /// Models its backend holds in memory, when the worker reports it.
+    loaded: Option<HashSet<String>>,
+    /// What its backend is, when the worker reports it.
+    pub backend_kind: Option<String>,
 }
 
 /// Whether a worker takes new work.
@@ -78,7 +82,31 @@ impl Worker {
             features,
             health: Health::Up,
             record: Record::default(),
+            loaded: None,
+            backend_kind: None,
         }
+    }
+
+    /// Records which models the backend holds in memory (`None`: not reported).
+    pub fn set_loaded(&mut self, loaded: Option<Vec<String>>) {
+        self.loaded = loaded.map(|l| l.into_iter().collect());
+    }
+
+    /// Whether the backend holds `model` in memory (false when not reported).
+    pub fn has_loaded(&self, model: &str) -> bool {
+        self.loaded.as_ref().is_some_and(|l| l.contains(model))
+    }
+
+    /// The models reported loaded, in advertised order (`None`: not reported).
+    pub fn loaded_models(&self) -> Option<Vec<String>> {
+        let loaded = self.loaded.as_ref()?;
+        Some(
+            self.models
+                .iter()
+                .filter(|m| loaded.contains(*m))
+                .cloned()
+                .collect(),
+        )
     }
 
     pub fn is_draining(&self) -> bool {
@@ -152,13 +180,21 @@ impl Registry {
         self.workers.values()
     }
 
-    /// Picks the worker for `model`: serves it, not draining, has a free slot; lowest
+    /// Picks the worker for `model`: serves it, takes work, has a free slot. A worker
+    /// that has the model loaded goes first (no load time); among equals the lowest
     /// load wins, ties go round-robin (the first tied worker after the last one picked).
     pub fn pick(&mut self, model: &str) -> Option<WorkerId> {
+        let free = |w: &&Worker| w.has_free_slot() && w.serves(model);
+        let any_loaded = self
+            .workers
+            .values()
+            .filter(free)
+            .any(|w| w.has_loaded(model));
         let eligible = || {
             self.workers
                 .values()
-                .filter(|w| w.has_free_slot() && w.serves(model))
+                .filter(free)
+                .filter(move |w| !any_loaded || w.has_loaded(model))
         };
         let min_load = eligible().map(Worker::load).min()?;
         let tied = || eligible().filter(|w| w.load() == min_load).map(|w| w.id);

@@ -57,6 +57,8 @@ impl Harness {
             protocol_version: Some("1".into()),
             current_load: Some(0),
             features: vec![],
+            loaded_models: None,
+            backend_kind: None,
         };
         self.ev(Event::WorkerJoined {
             id,
@@ -197,6 +199,8 @@ fn register_is_acked_with_sanitized_models_and_warnings() {
         protocol_version: Some("2026-04-bridge-v1".into()),
         current_load: None,
         features: vec![],
+        loaded_models: None,
+        backend_kind: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 7,
@@ -223,6 +227,8 @@ fn unsupported_protocol_version_is_closed_without_registering() {
         protocol_version: Some("99".into()),
         current_load: None,
         features: vec![],
+        loaded_models: None,
+        backend_kind: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 1,
@@ -359,6 +365,7 @@ fn queue_drains_whenever_capacity_appears() {
         WorkerMessage::ModelsUpdate {
             models: vec!["m".into(), "new".into()],
             current_load: 0,
+            loaded_models: None,
         },
     );
     assert!(dispatched(&a).is_empty(), "still full with request 4");
@@ -1207,4 +1214,44 @@ fn with_no_worker_up_to_take_it_a_retryable_error_goes_through_at_once() {
         )]
     ));
     assert_eq!(h.d.counters().failovers, 0);
+}
+
+// ----- where a model is loaded (issue 10) -----
+
+fn loaded(h: &mut Harness, worker: WorkerId, models: &[&str], loaded: &[&str]) {
+    h.said(
+        worker,
+        WorkerMessage::ModelsUpdate {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            current_load: 0,
+            loaded_models: Some(loaded.iter().map(|m| m.to_string()).collect()),
+        },
+    );
+}
+
+#[test]
+fn a_worker_with_the_model_loaded_goes_first_then_any_then_the_queue() {
+    let mut h = Harness::new();
+    h.join(1, &["a", "b"], 2);
+    h.join(2, &["a", "b"], 2);
+    loaded(&mut h, 2, &["a", "b"], &["a"]);
+    // Loaded beats less loaded: both requests for `a` go to worker 2.
+    assert_eq!(dispatched(&h.submit(1, "a")), vec![(1, 2)]);
+    assert_eq!(dispatched(&h.submit(2, "a")), vec![(2, 2)]);
+    // Worker 2 is full: any worker that advertises it.
+    assert_eq!(dispatched(&h.submit(3, "a")), vec![(3, 1)]);
+    // Nobody has `b` loaded: least loaded, as before.
+    assert_eq!(dispatched(&h.submit(4, "b")), vec![(4, 1)]);
+    assert_eq!(h.d.gauges().queue_depth, 0);
+    h.submit(5, "a");
+    assert_eq!(h.d.gauges().queue_depth, 1, "all full: it waits");
+    // Unloaded on worker 2, loaded on worker 1: the next `a` goes to 1.
+    h.complete(1, 3);
+    h.complete(1, 4);
+    h.complete(2, 1);
+    h.complete(2, 2);
+    h.complete(2, 5);
+    loaded(&mut h, 2, &["a", "b"], &[]);
+    loaded(&mut h, 1, &["a", "b"], &["a"]);
+    assert_eq!(dispatched(&h.submit(6, "a")), vec![(6, 1)]);
 }

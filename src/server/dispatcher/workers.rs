@@ -72,6 +72,8 @@ impl Dispatcher {
             now,
         );
         worker.set_reported_load(reg.current_load.unwrap_or(0));
+        worker.set_loaded(reg.loaded_models);
+        worker.backend_kind = reg.backend_kind;
         let ack = RegisterAck {
             worker_id: worker.wire_id.clone(),
             models: worker.models.clone(),
@@ -161,7 +163,8 @@ impl Dispatcher {
             WorkerMessage::ModelsUpdate {
                 models,
                 current_load,
-            } => self.models_update(worker, models, current_load, now),
+                loaded_models,
+            } => self.models_update(worker, models, current_load, loaded_models, now),
             WorkerMessage::WorkerDraining {} => {
                 if let Some(w) = self.registry.get_mut(worker) {
                     info!("worker {} ({}) is draining", w.wire_id, w.name);
@@ -201,11 +204,15 @@ impl Dispatcher {
         worker: WorkerId,
         models: Vec<String>,
         load: u32,
+        loaded: Option<Vec<String>>,
         now: Instant,
     ) {
         let Some(w) = self.registry.get_mut(worker) else {
             return;
         };
+        if loaded.is_some() {
+            w.set_loaded(loaded);
+        }
         let (models, warnings) = sanitize_models(models, self.cfg.max_models_per_worker);
         for warning in &warnings {
             warn!("worker {}: {warning}", w.wire_id);
