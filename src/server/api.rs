@@ -7,6 +7,8 @@ use super::auth::authorize_client;
 use super::dispatcher::wire_request_id;
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
+use super::ollama::routes as ollama;
+use super::ollama::translate::Endpoint;
 use super::relay::{self, write_error};
 use super::tenancy::identity::identify;
 use super::{ops, status, worker_socket, Ctx};
@@ -24,7 +26,9 @@ pub const RELAYED_ROUTES: &[&str] = &[
 /// request (keep-alive), `None` when it was closed or handed to the worker socket.
 pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
     let peer = conn.peer;
-    conn.request_id = if RELAYED_ROUTES.contains(&req.path.as_str()) {
+    let relayed =
+        RELAYED_ROUTES.contains(&req.path.as_str()) || ollama::endpoint(&req.path).is_some();
+    conn.request_id = if relayed {
         None
     } else {
         Some(wire_request_id(ctx.next_request_id()))
@@ -57,6 +61,25 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
             Ok(_) => status::models(&mut conn, ctx, &req),
             Err(e) => write_error(&mut conn, Style::OpenAi, &e, req.keep_alive, None),
         },
+        ("POST", path) if ollama::endpoint(path).is_some() => {
+            let ep = ollama::endpoint(path).unwrap_or(Endpoint::Chat);
+            match authorize_client(ctx, &req, peer.ip())
+                .and_then(|c| identify(&req, c, ctx.gate.policy()))
+            {
+                Ok(caller) => ollama::infer(&mut conn, ctx, req, caller, ep),
+                Err(e) => relay::reject(&mut conn, ctx, path, &e, req.keep_alive),
+            }
+        }
+        ("GET" | "HEAD", "/") => ollama::banner(&mut conn, req.method == "HEAD", req.keep_alive),
+        ("GET", "/api/version") => ollama::version(&mut conn, req.keep_alive),
+        ("GET", "/api/tags" | "/api/ps") | ("POST", "/api/show") => {
+            match authorize_client(ctx, &req, peer.ip()) {
+                Ok(_) if req.path == "/api/tags" => ollama::tags(&mut conn, ctx, req.keep_alive),
+                Ok(_) if req.path == "/api/ps" => ollama::ps(&mut conn, ctx, req.keep_alive),
+                Ok(_) => ollama::show(&mut conn, ctx, &req),
+                Err(e) => write_error(&mut conn, Style::Ollama, &e, req.keep_alive, None),
+            }
+        }
         ("GET", "/health") => status::health(&mut conn, ctx, &req),
         ("GET", "/metrics") => ops::metrics(&mut conn, ctx, &req),
         (_, path) if path.starts_with("/admin/") => ops::admin(&mut conn, ctx, &req),
@@ -82,5 +105,16 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
 
 fn is_known(path: &str) -> bool {
     RELAYED_ROUTES.contains(&path)
-        || ["/v1/models", "/health", "/v1/worker/connect"].contains(&path)
+        || ollama::endpoint(path).is_some()
+        || [
+            "/v1/models",
+            "/health",
+            "/v1/worker/connect",
+            "/",
+            "/api/version",
+            "/api/tags",
+            "/api/ps",
+            "/api/show",
+        ]
+        .contains(&path)
 }

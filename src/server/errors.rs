@@ -11,12 +11,16 @@ use super::dispatcher::{Backpressure, Failure};
 pub enum Style {
     OpenAi,
     Anthropic,
+    /// Ollama's `{"error": "..."}`.
+    Ollama,
 }
 
 impl Style {
     pub fn for_path(path: &str) -> Style {
         if path.starts_with("/v1/messages") {
             Style::Anthropic
+        } else if path.starts_with("/api/") {
+            Style::Ollama
         } else {
             Style::OpenAi
         }
@@ -69,11 +73,14 @@ impl ApiError {
             (429, _) => "rate_limit_error",
             (503, Style::Anthropic) => "overloaded_error",
             (_, Style::Anthropic) => "api_error",
-            (_, Style::OpenAi) => "server_error",
+            (_, Style::OpenAi | Style::Ollama) => "server_error",
         }
     }
 
     pub fn body(&self, style: Style) -> String {
+        if style == Style::Ollama {
+            return serde_json::json!({ "error": self.message }).to_string();
+        }
         let mut error = serde_json::Map::new();
         match style {
             Style::OpenAi => {
@@ -81,7 +88,7 @@ impl ApiError {
                 error.insert("type".into(), self.kind(style).into());
                 error.insert("code".into(), self.code.clone().into());
             }
-            Style::Anthropic => {
+            Style::Anthropic | Style::Ollama => {
                 error.insert("type".into(), self.kind(style).into());
                 error.insert("message".into(), self.message.clone().into());
                 if !self.fields.is_empty() {
@@ -93,7 +100,7 @@ impl ApiError {
             error.insert((*name).into(), value.clone());
         }
         let value = match style {
-            Style::OpenAi => serde_json::json!({ "error": error }),
+            Style::OpenAi | Style::Ollama => serde_json::json!({ "error": error }),
             Style::Anthropic => serde_json::json!({ "type": "error", "error": error }),
         };
         value.to_string()
@@ -112,6 +119,20 @@ impl ApiError {
         match style {
             Style::OpenAi => format!("data: {}\n\n", self.body(style)),
             Style::Anthropic => format!("event: error\ndata: {}\n\n", self.body(style)),
+            Style::Ollama => format!("{}\n", self.body(style)),
+        }
+    }
+
+    /// [`ApiError::from_failure`] in the words of the API the client called (Ollama
+    /// clients look for `model "x" not found`).
+    pub fn from_failure_for(f: &Failure, queue_timeout_secs: u64, style: Style) -> ApiError {
+        match (f, style) {
+            (Failure::ModelNotFound { model, .. }, Style::Ollama) => ApiError::new(
+                404,
+                "model_not_found",
+                format!("model \"{model}\" not found, try pulling it first"),
+            ),
+            _ => ApiError::from_failure(f, queue_timeout_secs),
         }
     }
 

@@ -32,40 +32,86 @@ use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
 /// How often a waiting connection checks whether its client is still there.
 pub const HANGUP_CHECK: Duration = Duration::from_millis(200);
 
-/// Relays one inference request; returns whether the connection may be reused.
-pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
-    let style = Style::for_path(&req.path);
-    let started = Instant::now();
+/// Rewrites a relayed answer into another API's shape (the Ollama routes). Without one
+/// the backend's bytes reach the client as they are.
+pub trait Reshape {
+    /// Content type of a streamed answer.
+    fn stream_type(&self) -> &'static str;
+    /// A piece of the backend's stream → what the client gets (may be empty).
+    fn chunk(&mut self, chunk: &str) -> String;
+    /// The end of the stream, with whatever bytes the final message still carried.
+    fn end(&mut self, rest: &str) -> String;
+    /// A whole (non-streamed) answer: the backend's status and body → the client's.
+    fn whole(&mut self, status: u16, body: &str, elapsed: Duration) -> (u16, String);
+    /// Token counts it saw (prompt, completion), for when the worker reported none.
+    fn tokens(&self) -> (u64, u64);
+}
+
+/// One request for a worker, as a route prepared it.
+pub struct Job<'a> {
+    /// The client's route (metrics, logs).
+    pub route: String,
+    /// The backend path the worker calls.
+    pub endpoint_path: String,
+    pub model: String,
+    pub stream: bool,
+    /// The JSON body the worker forwards.
+    pub body: String,
+    /// The error shape the client expects.
+    pub style: Style,
+    pub reshape: Option<Box<dyn Reshape + 'a>>,
+}
+
+/// Relays one OpenAI- or Anthropic-style request (body forwarded untouched); returns
+/// whether the connection may be reused.
+pub fn relay(conn: &mut Conn, ctx: &Ctx, mut req: Request, caller: Caller) -> bool {
     let keep = req.keep_alive;
     let info = match inspect_body(&req.body) {
         Ok(info) => info,
         Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
     };
-    let rate = match ctx.gate.admit(&caller, started) {
-        Ok(rate) => rate,
-        Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
-    };
-    let progress = info.stream
-        && req
-            .header("x-queue-updates")
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     // inspect_body parsed it as JSON, so it is UTF-8; stay defensive anyway.
-    let body = match String::from_utf8(req.body) {
+    let body = match String::from_utf8(std::mem::take(&mut req.body)) {
         Ok(b) => b,
         Err(_) => {
             let e = ApiError::new(400, "invalid_json", "request body is not UTF-8");
             return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller));
         }
     };
+    let job = Job {
+        route: req.path.clone(),
+        endpoint_path: req.path.clone(),
+        model: info.model,
+        stream: info.stream,
+        body,
+        style: Style::for_path(&req.path),
+        reshape: None,
+    };
+    run(conn, ctx, &req, job, caller)
+}
+
+/// Admits, submits and answers a prepared request; returns whether the connection may
+/// be reused.
+pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Caller) -> bool {
+    let started = Instant::now();
+    let keep = req.keep_alive;
+    let rate = match ctx.gate.admit(&caller, started) {
+        Ok(rate) => rate,
+        Err(e) => return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller)),
+    };
+    let progress = job.stream
+        && req
+            .header("x-queue-updates")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let headers = forwarded_headers(&req.headers, &caller);
     let id = ctx.next_request_id();
     let wire = wire_request_id(id);
     let msg = Arc::new(RequestMessage {
         request_id: wire.clone(),
-        model: info.model.clone(),
-        endpoint_path: req.path.clone(),
-        is_streaming: info.stream,
-        body: Arc::from(body),
+        model: job.model.clone(),
+        endpoint_path: job.endpoint_path,
+        is_streaming: job.stream,
+        body: Arc::from(job.body),
         headers,
     });
     let (reply, events) = crossbeam_channel::unbounded();
@@ -76,12 +122,13 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
         ctx,
         id,
         wire,
-        style,
+        style: job.style,
+        reshape: job.reshape,
         keep_alive: keep,
         http10: req.http10,
         framing: None,
-        route: req.path,
-        model: info.model,
+        route: job.route,
+        model: job.model,
         caller,
         rate,
         started,
@@ -122,12 +169,13 @@ fn forwarded_headers(all: &[(String, String)], caller: &Caller) -> HeaderMap {
     headers
 }
 
-struct Session<'a> {
+struct Session<'a, 'r> {
     conn: &'a mut Conn,
     ctx: &'a Ctx,
     id: RequestId,
     wire: String,
     style: Style,
+    reshape: Option<Box<dyn Reshape + 'r>>,
     keep_alive: bool,
     http10: bool,
     /// Set once the streaming response head went out.
@@ -145,7 +193,7 @@ struct Session<'a> {
     tokens: (u64, u64),
 }
 
-impl Session<'_> {
+impl Session<'_, '_> {
     fn wait(&mut self, events: Receiver<ClientEvent>) -> bool {
         loop {
             let event = match events.recv_timeout(HANGUP_CHECK) {
@@ -300,8 +348,12 @@ impl Session<'_> {
             Framing::Chunked
         };
         let extra = self.relay_headers();
+        let content_type = self
+            .reshape
+            .as_ref()
+            .map_or("text/event-stream", |r| r.stream_type());
         let mut headers = vec![
-            ("content-type", "text/event-stream"),
+            ("content-type", content_type),
             ("cache-control", "no-cache"),
         ];
         headers.extend(extra.iter().map(|(n, v)| (*n, v.as_str())));
@@ -312,6 +364,17 @@ impl Session<'_> {
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
+        let reshaped;
+        let chunk = match &mut self.reshape {
+            Some(r) => {
+                reshaped = r.chunk(chunk);
+                if reshaped.is_empty() {
+                    return;
+                }
+                reshaped.as_str()
+            }
+            None => chunk,
+        };
         let framing = self.open_stream(buf);
         if self.first_chunk.is_none() {
             self.first_chunk = Some(self.started.elapsed());
@@ -329,9 +392,12 @@ impl Session<'_> {
     fn push_final(&mut self, buf: &mut Vec<u8>, event: ClientEvent) {
         let queue_timeout = self.ctx.cfg.dispatch.queue_timeout.as_secs();
         match (self.framing, event) {
+            (None, ClientEvent::Complete(rc)) if self.reshape.is_some() => {
+                self.push_reshaped(buf, rc)
+            }
             (None, ClientEvent::Complete(rc)) => self.push_whole(buf, rc),
             (None, ClientEvent::Failed(f)) => {
-                let e = ApiError::from_failure(&f, queue_timeout);
+                let e = ApiError::from_failure_for(&f, queue_timeout, self.style);
                 self.status = e.status;
                 let extra = self.relay_headers();
                 let extra: Vec<(&str, &str)> =
@@ -339,12 +405,17 @@ impl Session<'_> {
                 buf.extend_from_slice(&error_response(self.style, &e, self.keep_alive, &extra));
             }
             (Some(framing), ClientEvent::Complete(rc)) => {
+                let rest = rc.body.as_deref().unwrap_or("");
+                let tail = match &mut self.reshape {
+                    Some(r) => r.end(rest),
+                    None => rest.to_string(),
+                };
                 self.note_tokens(&rc);
-                response::push_chunk(buf, rc.body.as_deref().unwrap_or("").as_bytes(), framing);
+                response::push_chunk(buf, tail.as_bytes(), framing);
                 response::push_end(buf, framing);
             }
             (Some(framing), ClientEvent::Failed(f)) => {
-                let e = ApiError::from_failure(&f, queue_timeout);
+                let e = ApiError::from_failure_for(&f, queue_timeout, self.style);
                 response::push_chunk(buf, e.sse_event(self.style).as_bytes(), framing);
                 response::push_end(buf, framing);
             }
@@ -353,13 +424,55 @@ impl Session<'_> {
         }
     }
 
+    /// A whole answer for a reshaping route: a stream that arrived in one piece goes
+    /// through the stream path; anything else is rewritten whole.
+    fn push_reshaped(&mut self, buf: &mut Vec<u8>, rc: ResponseComplete) {
+        let body = rc.body.as_deref().unwrap_or("");
+        let streamed = rc.status_code == 200
+            && rc
+                .headers
+                .iter()
+                .any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.contains("event-stream"));
+        if streamed {
+            self.push_chunk(buf, body);
+            let framing = self.open_stream(buf);
+            self.note_tokens(&rc);
+            if let Some(r) = &mut self.reshape {
+                response::push_chunk(buf, r.end("").as_bytes(), framing);
+            }
+            response::push_end(buf, framing);
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        let Some(r) = &mut self.reshape else {
+            return;
+        };
+        let (status, text) = r.whole(rc.status_code, body, elapsed);
+        self.note_tokens(&rc);
+        self.status = status;
+        let relay = self.relay_headers();
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
+        buf.extend_from_slice(&response::head(
+            status,
+            &headers,
+            Framing::Length(text.len()),
+            self.keep_alive,
+        ));
+        buf.extend_from_slice(text.as_bytes());
+    }
+
     /// Takes the token counts of a finished answer and charges the tenant's budget.
     fn note_tokens(&mut self, rc: &ResponseComplete) {
-        if let Some(t) = &rc.token_counts {
-            self.tokens = (
+        let reported = rc.token_counts.as_ref().map(|t| {
+            (
                 t.prompt_tokens.unwrap_or(0),
                 t.completion_tokens.unwrap_or(0),
-            );
+            )
+        });
+        let seen = self.reshape.as_ref().map(|r| r.tokens());
+        if let Some(tokens) = reported.or(seen).filter(|t| *t != (0, 0)) {
+            self.tokens = tokens;
             let used = self.tokens.0 + self.tokens.1;
             self.ctx
                 .gate

@@ -19,6 +19,8 @@ pub struct Shared {
     /// Client requests between submission and their last byte written.
     relays: AtomicUsize,
     models: RwLock<Arc<Vec<String>>>,
+    /// Models some worker reports loaded in its backend's memory.
+    loaded: RwLock<Arc<Vec<String>>>,
 }
 
 impl Shared {
@@ -31,6 +33,7 @@ impl Shared {
             shutting_down: AtomicBool::new(false),
             relays: AtomicUsize::new(0),
             models: RwLock::new(Arc::new(Vec::new())),
+            loaded: RwLock::new(Arc::new(Vec::new())),
         })
     }
 
@@ -54,6 +57,14 @@ impl Shared {
 
     pub fn models(&self) -> Arc<Vec<String>> {
         self.models.read().clone()
+    }
+
+    pub fn set_loaded(&self, models: Vec<String>) {
+        *self.loaded.write() = Arc::new(models);
+    }
+
+    pub fn loaded(&self) -> Arc<Vec<String>> {
+        self.loaded.read().clone()
     }
 
     pub fn set_shutting_down(&self) {

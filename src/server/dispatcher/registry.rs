@@ -209,6 +209,17 @@ impl Registry {
         self.workers.values().any(|w| w.serves(model))
     }
 
+    /// Union of the models workers report loaded in memory, in first-seen order.
+    pub fn loaded_models(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        self.workers
+            .values()
+            .filter(|w| !w.is_draining())
+            .flat_map(|w| w.loaded_models().unwrap_or_default())
+            .filter(|m| seen.insert(m.clone()))
+            .collect()
+    }
+
     /// Union of the models of connected, non-draining workers, in first-seen order.
     pub fn routable_models(&self) -> Vec<String> {
         let mut seen = HashSet::new();

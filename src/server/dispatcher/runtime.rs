@@ -133,6 +133,7 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
         if core.models_version() != models_version {
             models_version = core.models_version();
             shared.set_models(core.registry().routable_models());
+            shared.set_loaded(core.registry().loaded_models());
         }
         if exit {
             return;
