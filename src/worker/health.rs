@@ -12,6 +12,8 @@
 //! last told ([`Told`]) with the worker's view and sends only the difference, in order:
 //! `backend_status` to a server that listed `backend_health`, and to any other server an
 //! empty `models_update` while the backend is down and the real list once it is back.
+//! The loaded models (`backend_kind.rs`) ride along in `models_update`, sent when they
+//! change.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -127,14 +129,18 @@ impl Backoff {
 pub struct Told {
     pub models: Vec<String>,
     pub backend: BackendState,
+    /// The loaded models it was last told (`None`: never told).
+    pub loaded: Option<Vec<String>>,
 }
 
 impl Told {
-    /// Right after `register` with `models`: a server assumes a new worker's backend is up.
-    pub fn registered(models: Vec<String>) -> Told {
+    /// Right after `register` with `models` and `loaded`: a server assumes a new
+    /// worker's backend is up.
+    pub fn registered(models: Vec<String>, loaded: Option<Vec<String>>) -> Told {
         Told {
             models,
             backend: BackendState::Up,
+            loaded,
         }
     }
 }
@@ -146,6 +152,8 @@ pub struct View<'a> {
     pub down_reason: Option<&'a str>,
     pub draining: bool,
     pub current_load: u32,
+    /// Which of `models` the backend holds in memory (`None`: unknown).
+    pub loaded: Option<&'a [String]>,
 }
 
 /// The model list to advertise: a server without `backend_health` only learns that the
@@ -180,12 +188,22 @@ pub fn plan(
     }
     // A draining worker already announced itself; a model list now would undo that.
     let models = advertised(view, health_feature);
-    if !view.draining && (force_models || models != told.models) {
+    // Loaded among what is advertised. Once told, "unknown" is sent as "none loaded"
+    // (a server keeps the last set it heard; routing treats both alike).
+    let loaded = match view.loaded {
+        Some(l) => Some(l.iter().filter(|m| models.contains(m)).cloned().collect()),
+        None => told.loaded.as_ref().map(|_| Vec::new()),
+    };
+    let loaded_changed = loaded.is_some() && loaded != told.loaded;
+    if !view.draining && (force_models || models != told.models || loaded_changed) {
         told.models = models.clone();
+        if loaded.is_some() {
+            told.loaded = loaded.clone();
+        }
         out.push(WorkerMessage::ModelsUpdate {
             models,
             current_load: view.current_load,
-            loaded_models: None,
+            loaded_models: loaded,
         });
     }
     out
@@ -200,12 +218,14 @@ pub fn sync(shared: &Shared, force_models: bool) {
     };
     let mut told = link.told.lock();
     let models = shared.models.lock().clone();
+    let loaded = shared.residency.loaded_among(&models);
     let reason = shared.health.down_reason();
     let view = View {
         models: &models,
         down_reason: reason.as_deref(),
         draining: shared.is_draining(),
         current_load: shared.inflight.len() as u32,
+        loaded: loaded.as_deref(),
     };
     for msg in plan(&mut told, &view, link.backend_health, force_models) {
         link.out.send(&msg);
@@ -237,14 +257,18 @@ fn backend_answered(shared: &Shared, models: Option<Vec<String>>) {
 }
 
 /// One `GET /v1/models`. Up means an answer: with `MODELS=*` a usable list (the worker
-/// has nothing to advertise without one), with a fixed list any HTTP status.
+/// has nothing to advertise without one), with a fixed list any HTTP status. Then, with
+/// the backend answering, what it is (again: it may have been replaced while down) and
+/// which models it holds.
 fn probe(shared: &Shared) -> Result<Option<Vec<String>>, String> {
-    match (&shared.cfg.models, shared.backend.models()) {
-        (ModelSource::Backend, Ok(list)) => Ok(Some(list)),
-        (ModelSource::Backend, Err(e)) => Err(e.to_string()),
-        (ModelSource::Fixed(_), Err(ModelsError::Unreachable(e))) => Err(e),
-        (ModelSource::Fixed(_), _) => Ok(None),
-    }
+    let models = match (&shared.cfg.models, shared.backend.models()) {
+        (ModelSource::Backend, Ok(list)) => Some(list),
+        (ModelSource::Backend, Err(e)) => return Err(e.to_string()),
+        (ModelSource::Fixed(_), Err(ModelsError::Unreachable(e))) => return Err(e),
+        (ModelSource::Fixed(_), _) => None,
+    };
+    shared.residency.refresh(&shared.backend, true)?;
+    Ok(models)
 }
 
 /// The start-up probe, before the first connection to the server.
@@ -312,6 +336,7 @@ mod tests {
             down_reason: down,
             draining: false,
             current_load: 0,
+            loaded: None,
         }
     }
 
@@ -344,7 +369,7 @@ mod tests {
     #[test]
     fn a_server_with_backend_health_gets_backend_status_and_keeps_the_models() {
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(models.clone());
+        let mut told = Told::registered(models.clone(), None);
         let down = plan(&mut told, &view(&models, Some("refused")), true, false);
         assert_eq!(
             down,
@@ -367,7 +392,7 @@ mod tests {
     #[test]
     fn an_original_server_sees_an_empty_list_then_the_real_one() {
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(models.clone());
+        let mut told = Told::registered(models.clone(), None);
         let update = |models: &[&str]| WorkerMessage::ModelsUpdate {
             models: models.iter().map(|m| m.to_string()).collect(),
             current_load: 0,
@@ -386,7 +411,7 @@ mod tests {
     fn registered_while_down_the_models_follow_the_down_status() {
         // A worker registers an empty list while down (it does not know the server yet).
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(Vec::new());
+        let mut told = Told::registered(Vec::new(), None);
         let msgs = plan(&mut told, &view(&models, Some("refused")), true, false);
         assert!(matches!(
             msgs.as_slice(),
@@ -398,14 +423,49 @@ mod tests {
                 WorkerMessage::ModelsUpdate { .. }
             ]
         ));
-        let mut told = Told::registered(Vec::new());
+        let mut told = Told::registered(Vec::new(), None);
         assert!(plan(&mut told, &view(&models, Some("refused")), false, false).is_empty());
+    }
+
+    #[test]
+    fn loaded_models_are_sent_when_they_change_and_only_then() {
+        let models = vec!["a".to_string(), "b".to_string()];
+        let update = |loaded: Option<&[&str]>| WorkerMessage::ModelsUpdate {
+            models: models.clone(),
+            current_load: 0,
+            loaded_models: loaded.map(|l| l.iter().map(|m| m.to_string()).collect()),
+        };
+        let mut told = Told::registered(models.clone(), Some(vec!["a".into()]));
+        let mut v = view(&models, None);
+        let a = vec!["a".to_string()];
+        v.loaded = Some(&a);
+        assert!(
+            plan(&mut told, &v, true, false).is_empty(),
+            "nothing changed"
+        );
+        let b = vec!["b".to_string()];
+        v.loaded = Some(&b);
+        assert_eq!(plan(&mut told, &v, true, false), vec![update(Some(&["b"]))]);
+        assert!(plan(&mut told, &v, true, false).is_empty(), "told once");
+        // Asked for: the current set travels with the list.
+        assert_eq!(plan(&mut told, &v, true, true), vec![update(Some(&["b"]))]);
+        // Only advertised models count.
+        let c = vec!["b".to_string(), "c".to_string()];
+        v.loaded = Some(&c);
+        assert!(plan(&mut told, &v, true, false).is_empty());
+        // Unknown after known: "none loaded", once.
+        v.loaded = None;
+        assert_eq!(plan(&mut told, &v, true, false), vec![update(Some(&[]))]);
+        assert!(plan(&mut told, &v, true, false).is_empty());
+        // Never known: the field stays out.
+        let mut told = Told::registered(Vec::new(), None);
+        assert_eq!(plan(&mut told, &v, true, false), vec![update(None)]);
     }
 
     #[test]
     fn a_draining_worker_sends_no_model_list() {
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(Vec::new());
+        let mut told = Told::registered(Vec::new(), None);
         let mut v = view(&models, None);
         v.draining = true;
         assert!(plan(&mut told, &v, false, true).is_empty());

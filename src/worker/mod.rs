@@ -6,11 +6,14 @@
 //!  connection thread: connection.rs ── dial, register, reconnect with backoff
 //!        └─ session.rs: reader loop ─► slots.rs (MAX_CONCURRENCY threads) ─► backend.rs (ureq)
 //!                        writer thread ◄── every outgoing message
-//!  models thread: re-reads the backend's /v1/models when MODELS is `*`
+//!  models thread: every MODELS_REFRESH_SECS re-reads the backend's /v1/models (when
+//!                 MODELS is `*`) and its loaded models (backend_kind.rs); also woken by
+//!                 a slot after a request for a model that was not loaded
 //!  prober thread: health.rs ── probes a backend that stopped answering, with backoff
 //! ```
 
 pub mod backend;
+pub mod backend_kind;
 pub mod config;
 pub mod connection;
 pub mod health;
@@ -42,6 +45,8 @@ pub struct Shared {
     pub backend: backend::Backend,
     /// Whether the backend answers (see `health.rs`).
     pub health: health::Health,
+    /// What the backend is and which models it holds in memory (`backend_kind.rs`).
+    pub residency: backend_kind::Residency,
     pub inflight: inflight::InFlight,
     /// The models the backend serves (what a session advertises may differ: see
     /// `health::sync`).
@@ -102,6 +107,7 @@ impl Worker {
         let shared = Arc::new(Shared {
             backend: backend::Backend::new(&cfg.backend_url, cfg.backend_api_key.clone(), max_body),
             health: health::Health::new(cfg.backend_probe_max),
+            residency: backend_kind::Residency::new(cfg.backend_kind),
             inflight: inflight::InFlight::default(),
             models: Mutex::new(models),
             session: Mutex::new(None),
@@ -121,16 +127,10 @@ impl Worker {
         let _ = std::thread::Builder::new()
             .name("prober".into())
             .spawn(move || health::run_prober(&s));
-        if shared.cfg.models == ModelSource::Backend {
-            let s = shared.clone();
-            let _ = std::thread::Builder::new()
-                .name("models".into())
-                .spawn(move || {
-                    while !s.wait_for_drain(s.cfg.models_refresh) {
-                        refresh_models(&s, false);
-                    }
-                });
-        }
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("models".into())
+            .spawn(move || run_models(&s));
         let s = shared.clone();
         let _ = std::thread::Builder::new()
             .name("connection".into())
@@ -179,9 +179,53 @@ fn drain(shared: &Shared, timeout: Duration, why: &str) {
     info!("drained; exiting");
 }
 
-/// Re-reads the backend's models (with `MODELS=*`, unless the backend is down: then the
-/// prober reads them when it is back) and tells the server what changed, or everything
-/// when it asked.
+/// At most one re-check of the loaded models per this long, however many requests for
+/// unloaded models ask for one.
+const RECHECK_SPACING: Duration = Duration::from_secs(1);
+
+/// The models thread: the periodic refresh, and the re-checks the slots ask for after a
+/// request for a model that was not loaded. Returns when the worker drains.
+fn run_models(shared: &Shared) {
+    let mut next_refresh = Instant::now() + shared.cfg.models_refresh;
+    loop {
+        let wait = next_refresh.saturating_duration_since(Instant::now());
+        crossbeam_channel::select! {
+            recv(shared.residency.kick_rx) -> _ => {
+                if shared.is_draining() {
+                    return;
+                }
+                refresh_loaded(shared);
+                health::sync(shared, false);
+                if shared.wait_for_drain(RECHECK_SPACING) {
+                    return;
+                }
+            }
+            recv(shared.drain_wait) -> _ => return,
+            default(wait) => {
+                if shared.is_draining() {
+                    return;
+                }
+                refresh_models(shared, false);
+                next_refresh = Instant::now() + shared.cfg.models_refresh;
+            }
+        }
+    }
+}
+
+/// Re-reads which models the backend holds (not while it is down: the prober reads it
+/// when it is back).
+fn refresh_loaded(shared: &Shared) {
+    if shared.health.is_down() {
+        return;
+    }
+    if let Err(e) = shared.residency.refresh(&shared.backend, false) {
+        health::backend_failed(shared, &e);
+    }
+}
+
+/// Re-reads the backend's models (with `MODELS=*`) and which of them are loaded, unless
+/// the backend is down (then the prober reads them when it is back), and tells the server
+/// what changed, or everything when it asked.
 pub fn refresh_models(shared: &Shared, asked: bool) {
     if shared.cfg.models == ModelSource::Backend && !shared.health.is_down() {
         match shared.backend.models() {
@@ -190,6 +234,7 @@ pub fn refresh_models(shared: &Shared, asked: bool) {
             Err(e) => warn!("cannot read models from the backend: {e}"),
         }
     }
+    refresh_loaded(shared);
     health::sync(shared, asked);
 }
 

@@ -108,7 +108,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
     let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(max)));
 
     let register = register_message(shared);
-    let told = Told::registered(register.models.clone());
+    let told = Told::registered(register.models.clone(), register.loaded_models.clone());
     let _ = out.send(&WorkerMessage::Register(register));
     let _ = stream.set_read_timeout(Some(ACK_TIMEOUT));
     let ack = match next_message(&mut ctx, &mut reader, &out) {
@@ -146,13 +146,15 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
 }
 
 /// `register` lists no models while the backend is down: the server's features are not
-/// known yet, and an empty list keeps any server from routing here meanwhile.
+/// known yet, and an empty list keeps any server from routing here meanwhile. It carries
+/// the backend's kind and loaded models when known (an original server ignores both).
 fn register_message(shared: &Shared) -> RegisterMessage {
     let models = if shared.health.is_down() {
         Vec::new()
     } else {
         shared.models.lock().clone()
     };
+    let loaded_models = shared.residency.loaded_among(&models);
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
         models,
@@ -165,8 +167,8 @@ fn register_message(shared: &Shared) -> RegisterMessage {
             protocol::FEATURE_FAILOVER.into(),
             protocol::FEATURE_BACKEND_HEALTH.into(),
         ],
-        loaded_models: None,
-        backend_kind: None,
+        loaded_models,
+        backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
     }
 }
 

@@ -122,27 +122,36 @@ fn run_slot(shared: &Shared) {
 
 fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
     let id = job.req.request_id.as_str();
-    let report = match shared.health.down_reason() {
+    let (report, answered) = match shared.health.down_reason() {
         // The server has not heard yet (or, an original server, still had the request
         // queued): refuse at once, without touching the backend, so it can run elsewhere.
-        Some(reason) => Some(Report::retryable(
-            "backend_unreachable",
-            format!("backend is down: {reason}"),
-            502,
-        )),
+        Some(reason) => (
+            Some(Report::retryable(
+                "backend_unreachable",
+                format!("backend is down: {reason}"),
+                502,
+            )),
+            false,
+        ),
         None => {
             let outcome = forward(shared, agent, &job);
+            let answered = !matches!(outcome, Outcome::Unreachable(_));
             if let Outcome::Unreachable(e) = &outcome {
                 // Before the error, so the server stops routing here before it retries.
                 health::backend_failed(shared, e);
             }
-            report(shared, &job.req, outcome)
+            (report(shared, &job.req, outcome), answered)
         }
     };
     if let Some(r) = report {
         job.out.send(&r.into_message(id));
     }
     shared.inflight.remove(id);
+    if answered {
+        // After the answer went out: a model that was not loaded probably is now, and
+        // the models thread re-checks (a loaded model costs a lookup, nothing more).
+        shared.residency.after_request(&job.req.model);
+    }
 }
 
 /// Runs the request against the backend; a cancelled agent is replaced.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real-backend suite: llama.cpp's llama-server (Gemma 3 270M, 4 slots) behind the real
 # modelrelay-server and modelrelay-worker, exercised with the openai and anthropic Python
-# SDKs and curl. Prepares its tools with contrib/ci/setup-real-backend.sh (cached).
+# SDKs, the ollama client and curl; a second llama-server (--embeddings) serves /api/embed. Prepares its tools with contrib/ci/setup-real-backend.sh (cached).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -9,7 +9,7 @@ CACHE=$(contrib/ci/setup-real-backend.sh | tail -n 1)
 cargo build --quiet --release --bins
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-LLAMA_PORT=$(free_port); RELAY_PORT=$(free_port); FAST_PORT=$(free_port)
+LLAMA_PORT=$(free_port); RELAY_PORT=$(free_port); FAST_PORT=$(free_port); EMBED_PORT=$(free_port)
 LOGS=$(mktemp -d)
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
@@ -23,6 +23,9 @@ trap cleanup EXIT
 FAST404_QUEUE_TIMEOUT_SECS=2
 "$CACHE/llama-server" -m "$CACHE/gemma3.gguf" --alias gemma3 --host 127.0.0.1 --port "$LLAMA_PORT" \
   -np 4 -c 4096 -t 2 --no-jinja --chat-template gemma >"$LOGS/llama.log" 2>&1 & pids+=($!)
+# A second llama-server for embeddings (`--embeddings` makes it an embedding server).
+"$CACHE/llama-server" -m "$CACHE/gemma3.gguf" --alias gemma3-embed --host 127.0.0.1 --port "$EMBED_PORT" \
+  --embeddings --pooling mean -np 1 -c 1024 -t 1 >"$LOGS/llama-embed.log" 2>&1 & pids+=($!)
 WORKER_SECRET=real QUEUE_TIMEOUT_SECS=600 LISTEN_ADDR="127.0.0.1:$RELAY_PORT" \
   ./target/release/modelrelay-server >"$LOGS/server.log" 2>&1 & pids+=($!)
 WORKER_SECRET=real QUEUE_TIMEOUT_SECS=$FAST404_QUEUE_TIMEOUT_SECS LISTEN_ADDR="127.0.0.1:$FAST_PORT" \
@@ -34,12 +37,18 @@ for _ in $(seq 1 600); do
 done
 WORKER_SECRET=real PROXY_URL="http://127.0.0.1:$RELAY_PORT" BACKEND_URL="http://127.0.0.1:$LLAMA_PORT" \
   MAX_CONCURRENCY=4 ./target/release/modelrelay-worker >"$LOGS/worker.log" 2>&1 & pids+=($!)
+for _ in $(seq 1 600); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$EMBED_PORT/health")" = 200 ] && break
+  sleep 0.1
+done
+WORKER_SECRET=real PROXY_URL="http://127.0.0.1:$RELAY_PORT" BACKEND_URL="http://127.0.0.1:$EMBED_PORT" \
+  WORKER_NAME=embed MAX_CONCURRENCY=1 ./target/release/modelrelay-worker >"$LOGS/worker-embed.log" 2>&1 & pids+=($!)
 WORKER_SECRET=real PROXY_URL="http://127.0.0.1:$FAST_PORT" BACKEND_URL="http://127.0.0.1:$LLAMA_PORT" \
   MAX_CONCURRENCY=1 ./target/release/modelrelay-worker >"$LOGS/worker-fast404.log" 2>&1 & pids+=($!)
 
 if ! RELAY="http://127.0.0.1:$RELAY_PORT" LLAMA="http://127.0.0.1:$LLAMA_PORT" MODEL=gemma3 \
-    RELAY_FAST404="http://127.0.0.1:$FAST_PORT" FAST404_QUEUE_TIMEOUT_SECS=$FAST404_QUEUE_TIMEOUT_SECS \
+    EMBED_MODEL=gemma3-embed RELAY_FAST404="http://127.0.0.1:$FAST_PORT" FAST404_QUEUE_TIMEOUT_SECS=$FAST404_QUEUE_TIMEOUT_SECS \
     "$CACHE/venv/bin/python" tests/real_backend/test_sdks.py; then
-  for f in llama server worker server-fast404 worker-fast404; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
+  for f in llama llama-embed server worker worker-embed server-fast404 worker-fast404; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
   exit 1
 fi

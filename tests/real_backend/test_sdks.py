@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 
 import anthropic
+import ollama
 import openai
 
 RELAY = os.environ["RELAY"]
@@ -36,6 +37,9 @@ HANG = 600
 
 oa = openai.OpenAI(base_url=RELAY + "/v1", api_key="unused", max_retries=0, timeout=HANG)
 an = anthropic.Anthropic(base_url=RELAY, api_key="unused", max_retries=0, timeout=HANG)
+ol = ollama.Client(host=RELAY, timeout=HANG)
+# A second llama-server started with --embeddings serves this model (for /api/embed).
+EMBED_MODEL = os.environ.get("EMBED_MODEL", "gemma3-embed")
 
 
 def get_json(url):
@@ -53,8 +57,9 @@ def wait_for(what, pred, limit=HANG, step=0.02):
 
 
 def test_models_lists_the_backend_model():
-    wait_for("the worker to register", lambda: get_json(RELAY + "/health")["workers_connected"] == 1)
+    wait_for("the workers to register", lambda: get_json(RELAY + "/health")["workers_connected"] == 2)
     wait_for("the model to be advertised", lambda: any(m.id == MODEL for m in oa.models.list().data))
+    wait_for("the embedding model too", lambda: any(m.id == EMBED_MODEL for m in oa.models.list().data))
 
 
 def test_chat_plain_is_deterministic():
@@ -248,6 +253,60 @@ def test_tenants_share_slots_fairly_a_flood_does_not_starve_a_calm_tenant():
     calm_done = [i for i, t in enumerate(order) if t == "calm"]
     print("    completion order: " + " ".join(t[0] for t in order))
     assert max(calm_done) < last_flood, ("calm waited behind the whole flood", order)
+
+
+def test_ollama_chat_plain():
+    r = ol.chat(model=MODEL, messages=PROMPT, stream=False, options={"num_predict": 12, "temperature": 0})
+    assert r.message.content.strip(), r
+    assert r.done and r.eval_count and r.eval_count > 0, r
+    assert r.prompt_eval_count and r.total_duration and r.total_duration > 0, r
+
+
+def test_ollama_chat_streaming():
+    parts = list(ol.chat(model=MODEL, messages=PROMPT, stream=True, options={"num_predict": 12, "temperature": 0}))
+    text = "".join(p.message.content or "" for p in parts)
+    assert text.strip() and len(parts) > 2, parts
+    assert parts[-1].done and parts[-1].done_reason, parts[-1]
+    assert sum(1 for p in parts if p.done) == 1
+
+
+def test_ollama_generate():
+    r = ol.generate(model=MODEL, prompt="Name three colors.", stream=False, options={"num_predict": 12, "temperature": 0})
+    assert r.response.strip(), r
+
+
+def test_ollama_embed():
+    r = ol.embed(model=EMBED_MODEL, input=["red", "blue"])
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) > 10, r
+    legacy = ol.embeddings(model=EMBED_MODEL, prompt="red")
+    assert len(legacy.embedding) == len(r.embeddings[0])
+
+
+def test_ollama_tags_ps_show():
+    names = [m.model for m in ol.list().models]
+    assert MODEL in names and EMBED_MODEL in names, names
+    # The worker recognised llama-server and reports its one model as loaded.
+    running = [m.model for m in ol.ps().models]
+    assert MODEL in running and all(n in names for n in running), running
+    shown = ol.show(MODEL)
+    assert "completion" in (shown.capabilities or []), shown
+
+
+def test_ollama_disconnect_frees_the_slot():
+    wait_for("idle slots", lambda: busy_slots() == 0)
+    stream = ol.chat(model=MODEL, messages=PROMPT, stream=True, options={"num_predict": 1000, "temperature": 0})
+    t0 = time.monotonic()
+    for _ in range(5):
+        next(stream)
+    per_token = (time.monotonic() - t0) / 5
+    assert busy_slots() >= 1
+    stream.close()
+    t0 = time.monotonic()
+    wait_for("the slot to go idle", lambda: busy_slots() == 0, step=0.005)
+    elapsed = time.monotonic() - t0
+    bound = max(1.0, 20 * per_token)
+    print("    slot idle %.0f ms after the Ollama client closed its stream (bound %.1f s)" % (elapsed * 1000, bound))
+    assert elapsed < bound, (elapsed, per_token)
 
 
 def test_zz_unknown_model_is_a_404_in_the_sdk_error_shape():

@@ -85,6 +85,11 @@ pub struct WorkerInfo {
     pub backend_reason: Option<String>,
     /// Failed answers in a row (5xx or transport), for outlier ejection.
     pub consecutive_failures: u32,
+    /// Which of `models` its backend holds in memory, as the worker reports it (`null`:
+    /// not reported).
+    pub loaded_models: Option<Vec<String>>,
+    /// What its backend is (`ollama`, `llama-server`, `vllm`, `openai`), when reported.
+    pub backend_kind: Option<String>,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -260,6 +265,8 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
                 Health::Up => None,
             },
             consecutive_failures: w.record.consecutive_failures,
+            loaded_models: w.loaded_models(),
+            backend_kind: w.backend_kind.clone(),
         })
         .collect()
 }

@@ -34,6 +34,14 @@ pub fn endpoint(path: &str) -> Option<Endpoint> {
 
 /// `POST /api/chat` and friends: translate, relay, translate back.
 pub fn infer(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller, ep: Endpoint) -> bool {
+    // A chat with no messages or a generate with no prompt is how clients load a model
+    // (`ollama run` sends one first): answered here, as Ollama does, without a backend.
+    // Only for a model some worker serves: an unknown one takes the usual path (404).
+    if let Some(answer) = translate::preload(ep, &req.body, unix_ms()) {
+        if is_served(ctx, &req.body) {
+            return conn.write_full(200, "application/json", answer.as_bytes(), req.keep_alive);
+        }
+    }
     let t = match translate::request(ep, &req.body) {
         Ok(t) => t,
         Err(e) => {
@@ -82,7 +90,8 @@ impl Reshape for OllamaShape {
 
     fn whole(&mut self, status: u16, body: &str, elapsed: Duration) -> (u16, String) {
         if status != 200 {
-            return (status, translate::error_body(&backend_message(body)));
+            let e = translate::error_from_openai(status, body);
+            return (e.status, e.body());
         }
         let timing = Timing {
             total: elapsed,
@@ -100,18 +109,12 @@ impl Reshape for OllamaShape {
     }
 }
 
-/// The message of a backend's error body (OpenAI or Ollama shape), else its text.
-fn backend_message(body: &str) -> String {
-    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-    let message = v["error"]["message"]
+/// Whether the `model` of a request body is one a worker advertises.
+fn is_served(ctx: &Ctx, body: &[u8]) -> bool {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    v["model"]
         .as_str()
-        .or_else(|| v["error"].as_str())
-        .or_else(|| v["message"].as_str());
-    match message {
-        Some(m) => m.to_string(),
-        None if body.trim().is_empty() => "the backend answered with an error".into(),
-        None => body.chars().take(512).collect(),
-    }
+        .is_some_and(|m| ctx.shared.models().iter().any(|s| s == m))
 }
 
 fn unix_ms() -> u64 {

@@ -1,0 +1,521 @@
+//! What the backend is, and which of its models it holds in memory (issue 10).
+//!
+//! `BACKEND_KIND=auto` (the default) asks the backend once it answers — at start-up and
+//! each time it comes back after being down — with a few bounded `GET`s, first match wins:
+//!
+//! | kind | evidence |
+//! |---|---|
+//! | `ollama` | `GET /api/version` answers `{"version": "..."}` |
+//! | `llama-server` | `GET /props` answers with `default_generation_settings`, `model_path`, `build_info` or `"role": "router"` |
+//! | `vllm` | a `GET /v1/models` entry is `"owned_by": "vllm"` |
+//! | `openai` | anything else (never an error) |
+//!
+//! What is loaded, per kind: Ollama lists it at `GET /api/ps` (`name:tag`, matched to the
+//! advertised names with `:latest` implied); a llama-server in router mode lists every
+//! model at `GET /models` with a `status` (`loaded`, `loading`, `unloaded`, ...), one in
+//! single-model mode holds its one model unless `/props` says it is asleep; vLLM holds
+//! everything it serves; for `openai` it is unknown and the field is left out.
+//!
+//! The parsers are pure functions over the recorded bodies; the HTTP calls are thin.
+//! The worker re-reads the set every `MODELS_REFRESH_SECS`, when the server asks, and —
+//! signalled by [`Residency::after_request`], without any call on the request's path —
+//! after a request for a model that was not loaded (the backend most likely loaded it).
+
+use crossbeam_channel::{Receiver, Sender};
+use log::{info, warn};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::backend::{Backend, ModelsError};
+
+/// What the backend is (`backend_kind` in `register`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Any OpenAI-compatible server: nothing known about what it holds in memory.
+    OpenAi,
+    Ollama,
+    LlamaServer,
+    Vllm,
+}
+
+impl Kind {
+    /// The spelling on the wire and in `BACKEND_KIND`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::OpenAi => "openai",
+            Kind::Ollama => "ollama",
+            Kind::LlamaServer => "llama-server",
+            Kind::Vllm => "vllm",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Kind> {
+        [Kind::OpenAi, Kind::Ollama, Kind::LlamaServer, Kind::Vllm]
+            .into_iter()
+            .find(|k| k.as_str() == text)
+    }
+}
+
+/// `BACKEND_KIND`: detect, or trust the operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindSetting {
+    Auto,
+    Fixed(Kind),
+}
+
+impl KindSetting {
+    pub fn parse(text: &str) -> Result<KindSetting, String> {
+        let text = text.trim().to_ascii_lowercase();
+        if text == "auto" {
+            return Ok(KindSetting::Auto);
+        }
+        Kind::parse(&text).map(KindSetting::Fixed).ok_or_else(|| {
+            format!(
+                "BACKEND_KIND must be auto, openai, ollama, llama-server or vllm (got `{text}`)"
+            )
+        })
+    }
+}
+
+/// Which models the backend holds in memory, by its own names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resident {
+    /// Not known: an `openai` backend, or not read yet.
+    Unknown,
+    /// Everything it serves (vLLM, a llama-server with one model that is awake).
+    All,
+    /// These and no others.
+    Names(Vec<String>),
+}
+
+impl Resident {
+    /// The advertised models that are loaded, in advertised order; `None` when unknown.
+    pub fn loaded_among(&self, advertised: &[String]) -> Option<Vec<String>> {
+        match self {
+            Resident::Unknown => None,
+            Resident::All => Some(advertised.to_vec()),
+            Resident::Names(names) => Some(
+                advertised
+                    .iter()
+                    .filter(|m| names.iter().any(|n| same_model(n, m)))
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Whether `model` is loaded; `None` when unknown.
+    pub fn holds(&self, model: &str) -> Option<bool> {
+        match self {
+            Resident::Unknown => None,
+            Resident::All => Some(true),
+            Resident::Names(names) => Some(names.iter().any(|n| same_model(n, model))),
+        }
+    }
+}
+
+/// Whether two names mean the same model: equal, or equal once Ollama's implied
+/// `:latest` tag is added (`llama3` is `llama3:latest`).
+pub fn same_model(a: &str, b: &str) -> bool {
+    a == b || without_latest(a) == without_latest(b)
+}
+
+fn without_latest(name: &str) -> &str {
+    name.strip_suffix(":latest").unwrap_or(name)
+}
+
+fn json_object(body: &str) -> Option<serde_json::Map<String, Value>> {
+    match serde_json::from_str(body) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
+    }
+}
+
+/// Ollama's `GET /api/version`: `{"version": "0.5.1"}`.
+pub fn is_ollama_version(body: &str) -> bool {
+    json_object(body).is_some_and(|o| o.get("version").is_some_and(Value::is_string))
+}
+
+/// llama-server's `GET /props`: `default_generation_settings`, `model_path` and
+/// `build_info` with a model; a router answers with at least `"role": "router"`.
+pub fn is_llama_server_props(body: &str) -> bool {
+    json_object(body).is_some_and(|o| {
+        o.contains_key("default_generation_settings")
+            || o.contains_key("model_path")
+            || o.get("build_info").is_some_and(Value::is_string)
+            || o.get("role").and_then(Value::as_str) == Some("router")
+    })
+}
+
+/// Whether llama-server's `/props` says the model is unloaded while idle (`is_sleeping`).
+pub fn llama_server_sleeping(body: &str) -> bool {
+    json_object(body).is_some_and(|o| o.get("is_sleeping") == Some(&Value::Bool(true)))
+}
+
+/// vLLM's `GET /v1/models`: its entries are `"owned_by": "vllm"`.
+pub fn is_vllm_model_list(body: &str) -> bool {
+    json_object(body)
+        .and_then(|o| o.get("data").and_then(Value::as_array).cloned())
+        .is_some_and(|data| {
+            data.iter()
+                .any(|m| m.get("owned_by").and_then(Value::as_str) == Some("vllm"))
+        })
+}
+
+/// Ollama's `GET /api/ps`: the `name` (and `model`) of each running model.
+pub fn parse_ollama_ps(body: &str) -> Result<Vec<String>, String> {
+    let o = json_object(body).ok_or("/api/ps is not a JSON object")?;
+    let models = match o.get("models") {
+        Some(Value::Array(list)) => list.as_slice(),
+        // An idle Ollama may answer `"models": null`.
+        Some(Value::Null) => &[],
+        _ => return Err("/api/ps has no `models` list".into()),
+    };
+    let mut names: Vec<String> = Vec::new();
+    for m in models {
+        for key in ["name", "model"] {
+            if let Some(name) = m.get(key).and_then(Value::as_str) {
+                if !names.iter().any(|n| n == name) {
+                    names.push(name.to_string());
+                }
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// A model's state in llama-server's router list: `"status": {"value": "loaded"}`
+/// (a bare string is accepted too). `None`: the entry has no status.
+fn llama_status(entry: &Value) -> Option<&str> {
+    match entry.get("status")? {
+        Value::String(s) => Some(s),
+        status => status.get("value").and_then(Value::as_str),
+    }
+}
+
+/// llama-server's `GET /models` (or `/v1/models`): in router mode each entry has a
+/// `status`, and only `loaded` ones count (`loading`, `unloaded`, `sleeping`,
+/// `downloading` do not); a single-model server's entries have none: [`Resident::All`].
+pub fn parse_llama_models(body: &str) -> Result<Resident, String> {
+    let o = json_object(body).ok_or("/models is not a JSON object")?;
+    let data = o
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or("/models has no `data` list")?;
+    if !data.iter().any(|m| llama_status(m).is_some()) {
+        return Ok(Resident::All);
+    }
+    Ok(Resident::Names(
+        data.iter()
+            .filter(|m| llama_status(m) == Some("loaded"))
+            .filter_map(|m| m.get("id").and_then(Value::as_str).map(String::from))
+            .collect(),
+    ))
+}
+
+/// The body of a `200` answer; `Ok(None)` for any other answer (or an unreadable one),
+/// `Err` when the backend gave no answer at all.
+fn fetch(backend: &Backend, path: &str) -> Result<Option<String>, String> {
+    match backend.get(path) {
+        Ok((200, body)) => Ok(Some(body)),
+        Ok(_) | Err(ModelsError::Unusable(_)) => Ok(None),
+        Err(ModelsError::Unreachable(e)) => Err(e),
+    }
+}
+
+/// Asks the backend what it is. `Err` only when it stopped answering meanwhile.
+pub fn detect(backend: &Backend) -> Result<Kind, String> {
+    if fetch(backend, "/api/version")?.is_some_and(|b| is_ollama_version(&b)) {
+        return Ok(Kind::Ollama);
+    }
+    if fetch(backend, "/props")?.is_some_and(|b| is_llama_server_props(&b)) {
+        return Ok(Kind::LlamaServer);
+    }
+    if fetch(backend, "/v1/models")?.is_some_and(|b| is_vllm_model_list(&b)) {
+        return Ok(Kind::Vllm);
+    }
+    Ok(Kind::OpenAi)
+}
+
+/// Reads which models a backend of `kind` holds now.
+pub fn read_resident(backend: &Backend, kind: Kind) -> Result<Resident, ModelsError> {
+    match kind {
+        Kind::OpenAi => Ok(Resident::Unknown),
+        Kind::Vllm => Ok(Resident::All),
+        Kind::Ollama => {
+            let (status, body) = backend.get("/api/ps")?;
+            if status != 200 {
+                return Err(ModelsError::Unusable(format!(
+                    "GET /api/ps answered {status}"
+                )));
+            }
+            parse_ollama_ps(&body)
+                .map(Resident::Names)
+                .map_err(ModelsError::Unusable)
+        }
+        Kind::LlamaServer => {
+            let router = match backend.get("/models")? {
+                (200, body) => parse_llama_models(&body).ok(),
+                _ => None,
+            };
+            match router {
+                Some(Resident::Names(names)) => Ok(Resident::Names(names)),
+                // One model, loaded at start-up; unloaded only while it sleeps.
+                _ => match backend.get("/props")? {
+                    (200, body) if llama_server_sleeping(&body) => Ok(Resident::Names(Vec::new())),
+                    _ => Ok(Resident::All),
+                },
+            }
+        }
+    }
+}
+
+/// The worker's view of its backend's kind and memory, shared by the threads.
+pub struct Residency {
+    setting: KindSetting,
+    kind: Mutex<Option<Kind>>,
+    resident: Mutex<Resident>,
+    /// Wakes the models thread for a re-check (capacity 1: one pending is enough).
+    kick_tx: Sender<()>,
+    pub(super) kick_rx: Receiver<()>,
+}
+
+impl Residency {
+    pub fn new(setting: KindSetting) -> Residency {
+        let (kick_tx, kick_rx) = crossbeam_channel::bounded(1);
+        let kind = match setting {
+            KindSetting::Auto => None,
+            KindSetting::Fixed(k) => Some(k),
+        };
+        Residency {
+            setting,
+            kind: Mutex::new(kind),
+            resident: Mutex::new(Resident::Unknown),
+            kick_tx,
+            kick_rx,
+        }
+    }
+
+    /// The backend's kind, once known.
+    pub fn kind(&self) -> Option<Kind> {
+        *self.kind.lock()
+    }
+
+    /// The advertised models that are loaded (`None`: unknown).
+    pub fn loaded_among(&self, advertised: &[String]) -> Option<Vec<String>> {
+        self.resident.lock().loaded_among(advertised)
+    }
+
+    /// After a request for `model` reached the backend: if the model was not loaded
+    /// (so the backend probably loaded it for this request), wake the models thread to
+    /// re-read the set. A loaded or untracked model costs one lock and a comparison.
+    pub fn after_request(&self, model: &str) {
+        if model.is_empty() {
+            return;
+        }
+        let unloaded = self.resident.lock().holds(model) == Some(false);
+        if unloaded {
+            let _ = self.kick_tx.try_send(());
+        }
+    }
+
+    /// Detects the kind (with `BACKEND_KIND=auto`: when not known yet, or `redetect`)
+    /// and reads what is loaded. `Err` when the backend gave no answer; a backend that
+    /// answers unusably keeps the previous set.
+    pub fn refresh(&self, backend: &Backend, redetect: bool) -> Result<(), String> {
+        let known = self.kind();
+        let kind = match (self.setting, known) {
+            (KindSetting::Fixed(k), _) => k,
+            (KindSetting::Auto, Some(k)) if !redetect => k,
+            (KindSetting::Auto, _) => {
+                let found = detect(backend)?;
+                match known {
+                    None => info!("backend kind: {} (detected)", found.as_str()),
+                    Some(old) if old != found => {
+                        info!(
+                            "backend kind changed: {} -> {}",
+                            old.as_str(),
+                            found.as_str()
+                        )
+                    }
+                    Some(_) => {}
+                }
+                *self.kind.lock() = Some(found);
+                found
+            }
+        };
+        match read_resident(backend, kind) {
+            Ok(now) => {
+                let mut resident = self.resident.lock();
+                if *resident != now {
+                    if let Resident::Names(names) = &now {
+                        info!("backend has loaded: {names:?}");
+                    }
+                    *resident = now;
+                }
+                Ok(())
+            }
+            Err(ModelsError::Unreachable(e)) => Err(e),
+            Err(ModelsError::Unusable(e)) => {
+                warn!("cannot read which models the backend has loaded: {e}");
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `GET /api/ps` of Ollama (docs/api.md, "List Running Models").
+    const OLLAMA_PS: &str = r#"{
+      "models": [
+        {
+          "name": "mistral:latest",
+          "model": "mistral:latest",
+          "size": 5137025024,
+          "digest": "2ae6f6dd7a3dd734790bbbf58b8909a606e0e7e97e94b7604e0aa7ae4490e6d8",
+          "details": {
+            "parent_model": "",
+            "format": "gguf",
+            "family": "llama",
+            "families": ["llama"],
+            "parameter_size": "7.2B",
+            "quantization_level": "Q4_0"
+          },
+          "expires_at": "2024-06-04T14:38:31.83753-07:00",
+          "size_vram": 5137025024
+        },
+        {"name": "qwen2.5:7b", "model": "qwen2.5:7b", "size": 1}
+      ]
+    }"#;
+
+    /// `GET /models` of a llama-server router (tools/server/README.md).
+    const LLAMA_ROUTER_MODELS: &str = r#"{
+      "data": [
+        {"id": "ggml-org/gemma-3-4b-it-GGUF:Q4_K_M", "path": "/c/gemma.gguf",
+         "status": {"value": "loaded", "args": ["llama-server", "-ctx", "4096"]}},
+        {"id": "qwen3-8b", "status": {"value": "unloaded"}},
+        {"id": "llama-3.2-1b", "status": {"value": "loading", "args": ["llama-server"]}},
+        {"id": "kimi", "status": {"value": "unloaded", "failed": true, "exit_code": 1}},
+        {"id": "phi", "status": {"value": "sleeping"}},
+        {"id": "smol", "status": "loaded"}
+      ]
+    }"#;
+
+    /// `GET /v1/models` of a single-model llama-server.
+    const LLAMA_SINGLE_MODELS: &str = r#"{"object": "list", "data": [{"id":
+      "../models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", "object": "model", "created": 1,
+      "owned_by": "llamacpp", "meta": {"n_ctx_train": 131072}}]}"#;
+
+    /// `GET /props` of a single-model llama-server (abridged).
+    const LLAMA_PROPS: &str = r#"{"default_generation_settings": {"id": 0, "n_ctx": 1024,
+      "params": {"n_predict": -1}}, "total_slots": 1,
+      "model_path": "../models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+      "chat_template": "...", "modalities": {"vision": false},
+      "build_info": "b4000-abcdef", "is_sleeping": false}"#;
+
+    /// `GET /v1/models` of vLLM.
+    const VLLM_MODELS: &str = r#"{"object": "list", "data": [{"id": "meta-llama/Llama-3.1-8B",
+      "object": "model", "created": 1, "owned_by": "vllm", "root": "meta-llama/Llama-3.1-8B",
+      "parent": null, "max_model_len": 8192, "permission": []}]}"#;
+
+    #[test]
+    fn kinds_round_trip_and_the_setting_parses() {
+        for k in [Kind::OpenAi, Kind::Ollama, Kind::LlamaServer, Kind::Vllm] {
+            assert_eq!(Kind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(KindSetting::parse("auto"), Ok(KindSetting::Auto));
+        assert_eq!(
+            KindSetting::parse(" Llama-Server "),
+            Ok(KindSetting::Fixed(Kind::LlamaServer))
+        );
+        assert!(KindSetting::parse("tgi")
+            .unwrap_err()
+            .contains("BACKEND_KIND"));
+    }
+
+    #[test]
+    fn detection_bodies_are_told_apart() {
+        assert!(is_ollama_version(r#"{"version":"0.5.1"}"#));
+        assert!(!is_ollama_version(r#"{"error":"not found"}"#));
+        assert!(!is_ollama_version("404 page not found"));
+        assert!(is_llama_server_props(LLAMA_PROPS));
+        assert!(is_llama_server_props(
+            r#"{"role":"router","build_info":"b7000","is_sleeping":false}"#
+        ));
+        assert!(!is_llama_server_props(r#"{"detail":"Not Found"}"#));
+        assert!(!is_llama_server_props(r#"{"version":"0.5.1"}"#));
+        assert!(is_vllm_model_list(VLLM_MODELS));
+        assert!(!is_vllm_model_list(LLAMA_SINGLE_MODELS));
+        assert!(!is_vllm_model_list("[]"));
+    }
+
+    #[test]
+    fn ollama_ps_names_match_the_advertised_names_with_latest_implied() {
+        let running = parse_ollama_ps(OLLAMA_PS).unwrap();
+        assert_eq!(running, names(&["mistral:latest", "qwen2.5:7b"]));
+        let resident = Resident::Names(running);
+        let advertised = names(&["mistral", "qwen2.5:7b", "qwen2.5:14b", "llama3:latest"]);
+        assert_eq!(
+            resident.loaded_among(&advertised),
+            Some(names(&["mistral", "qwen2.5:7b"]))
+        );
+        assert_eq!(resident.holds("mistral:latest"), Some(true));
+        assert_eq!(resident.holds("qwen2.5:14b"), Some(false));
+        assert_eq!(parse_ollama_ps(r#"{"models":[]}"#).unwrap(), names(&[]));
+        assert_eq!(parse_ollama_ps(r#"{"models":null}"#).unwrap(), names(&[]));
+        assert!(parse_ollama_ps(r#"{"error":"x"}"#).is_err());
+        assert!(parse_ollama_ps("garbage").is_err());
+    }
+
+    #[test]
+    fn llama_router_counts_only_loaded_models() {
+        let resident = parse_llama_models(LLAMA_ROUTER_MODELS).unwrap();
+        assert_eq!(
+            resident,
+            Resident::Names(names(&["ggml-org/gemma-3-4b-it-GGUF:Q4_K_M", "smol"]))
+        );
+        let single = parse_llama_models(LLAMA_SINGLE_MODELS).unwrap();
+        assert_eq!(single, Resident::All);
+        assert!(parse_llama_models(r#"{"models":[]}"#).is_err());
+        assert!(!llama_server_sleeping(LLAMA_PROPS));
+        assert!(llama_server_sleeping(
+            r#"{"model_path":"m","is_sleeping":true}"#
+        ));
+    }
+
+    #[test]
+    fn unknown_and_all_answer_as_such() {
+        let advertised = names(&["a", "b"]);
+        assert_eq!(Resident::Unknown.loaded_among(&advertised), None);
+        assert_eq!(Resident::Unknown.holds("a"), None);
+        assert_eq!(Resident::All.loaded_among(&advertised), Some(advertised));
+        assert_eq!(Resident::All.holds("anything"), Some(true));
+    }
+
+    #[test]
+    fn only_a_request_for_an_unloaded_model_asks_for_a_recheck() {
+        let r = Residency::new(KindSetting::Fixed(Kind::Ollama));
+        r.after_request("a");
+        assert!(
+            r.kick_rx.try_recv().is_err(),
+            "unknown set: nothing to re-check"
+        );
+        *r.resident.lock() = Resident::Names(names(&["a:latest"]));
+        r.after_request("a");
+        assert!(r.kick_rx.try_recv().is_err(), "loaded: no extra work");
+        r.after_request("b");
+        r.after_request("c");
+        assert!(r.kick_rx.try_recv().is_ok(), "not loaded: re-check");
+        assert!(
+            r.kick_rx.try_recv().is_err(),
+            "one pending re-check at most"
+        );
+    }
+}
