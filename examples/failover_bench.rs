@@ -20,11 +20,13 @@
 
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
+#[path = "support/load.rs"]
+mod load;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -279,26 +281,7 @@ impl Outcome {
 /// `clients` concurrent clients send `total` requests between them, each on a fresh
 /// connection; with `streaming` every other request streams.
 fn load(addr: SocketAddr, clients: usize, total: usize, streaming: bool) -> Vec<Outcome> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            let next = next.clone();
-            std::thread::spawn(move || {
-                let mut out = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= total {
-                        return out;
-                    }
-                    out.push(ask(addr, streaming && i % 2 == 1));
-                }
-            })
-        })
-        .collect();
-    threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("client"))
-        .collect()
+    load::spread(clients, total, move |i| ask(addr, streaming && i % 2 == 1))
 }
 
 fn ask(addr: SocketAddr, stream: bool) -> Outcome {

@@ -9,9 +9,11 @@
 mod common;
 #[path = "../examples/support/fake_backend.rs"]
 mod fake_backend;
+#[path = "../examples/support/load.rs"]
+mod load;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,26 +66,7 @@ fn ask(addr: SocketAddr, stream: bool) -> Answer {
 /// `clients` concurrent clients send `total` requests between them, each on a fresh
 /// connection; with `half_streaming` every other request streams.
 fn load(addr: SocketAddr, clients: usize, total: usize, half_streaming: bool) -> Vec<Answer> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            let next = next.clone();
-            std::thread::spawn(move || {
-                let mut out = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= total {
-                        return out;
-                    }
-                    out.push(ask(addr, half_streaming && i % 2 == 1));
-                }
-            })
-        })
-        .collect();
-    threads
-        .into_iter()
-        .flat_map(|t| t.join().expect("client thread"))
-        .collect()
+    load::spread(clients, total, move |i| ask(addr, half_streaming && i % 2 == 1))
 }
 
 /// Panics with the failed answers unless every answer is complete.
