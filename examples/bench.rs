@@ -7,6 +7,8 @@
 //! * added latency p50/p99 of sequential non-streaming requests (one keep-alive client),
 //! * stream time-to-first-chunk and largest gap between chunks,
 //! * requests/s with 8 and 64 concurrent keep-alive clients,
+//! * Ollama `/api/chat` streaming next to OpenAI streaming through the same relay: time
+//!   to first chunk and sequential latency to the last event (`"done":true` / `[DONE]`),
 //! * server CPU and RSS while idle with 100 workers connected.
 //!
 //! It runs twice: once with fake workers answering from memory (the relay core alone),
@@ -161,22 +163,25 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
     let r = sequential(relay, &body, 2000);
     row_ms("sequential latency p50 (ms)", d.p(50), r.p(50));
     row_ms("sequential latency p99 (ms)", d.p(99), r.p(99));
-    let (d_ttfc, d_gap) = streams(direct, 300);
-    let (r_ttfc, r_gap) = streams(relay, 300);
+    let openai = chat(true);
+    let d = streams(direct, OPENAI_PATH, &openai, b"[DONE]", 300);
+    let r = streams(relay, OPENAI_PATH, &openai, b"[DONE]", 300);
+    // Measured now, next to the OpenAI streams it is compared with; printed below.
+    let o = streams(relay, OLLAMA_PATH, &ollama_chat(), br#""done":true"#, 300);
     row_ms(
         "stream time to first chunk p50 (ms)",
-        d_ttfc.p(50),
-        r_ttfc.p(50),
+        d.ttfc.p(50),
+        r.ttfc.p(50),
     );
     row_ms(
         "stream time to first chunk p99 (ms)",
-        d_ttfc.p(99),
-        r_ttfc.p(99),
+        d.ttfc.p(99),
+        r.ttfc.p(99),
     );
     row_ms(
         "largest gap between chunks, worst (ms)",
-        d_gap.max(),
-        r_gap.max(),
+        d.gap.max(),
+        r.gap.max(),
     );
     for clients in [8, 64] {
         let d = throughput(direct, clients, window);
@@ -189,17 +194,56 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
             100.0 * r / d
         );
     }
+    // Ollama streaming next to OpenAI streaming, both through the relay; a wider name
+    // column, so these rows have their own header.
+    println!(
+        "{:<W$} {:>12} {:>12} {:>12}",
+        "same relay: ollama vs openai streaming",
+        "openai",
+        "ollama",
+        "added",
+        W = OLLAMA_COLUMN
+    );
+    row_ms_in(
+        OLLAMA_COLUMN,
+        "ollama /api/chat stream: time to first chunk p50 (ms)",
+        r.ttfc.p(50),
+        o.ttfc.p(50),
+    );
+    row_ms_in(
+        OLLAMA_COLUMN,
+        "ollama /api/chat stream: sequential latency p50 (ms)",
+        r.total.p(50),
+        o.total.p(50),
+    );
 }
 
+/// Width of the name column of the Ollama rows (the others use 44).
+const OLLAMA_COLUMN: usize = 53;
+
 fn row_ms(name: &str, direct: Duration, relay: Duration) {
+    row_ms_in(44, name, direct, relay);
+}
+
+fn row_ms_in(width: usize, name: &str, direct: Duration, relay: Duration) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{:<44} {:>12.3} {:>12.3} {:>+12.3}",
+        "{:<width$} {:>12.3} {:>12.3} {:>+12.3}",
         name,
         ms(direct),
         ms(relay),
         ms(relay) - ms(direct)
     );
+}
+
+const OPENAI_PATH: &str = "/v1/chat/completions";
+const OLLAMA_PATH: &str = "/api/chat";
+
+/// Ollama's chat body: streams by default; `num_predict` is the `max_tokens` of [`chat`].
+fn ollama_chat() -> String {
+    format!(
+        r#"{{"model":"{MODEL}","options":{{"num_predict":16}},"messages":[{{"role":"user","content":"hello"}}]}}"#
+    )
 }
 
 fn chat(stream: bool) -> String {
@@ -238,12 +282,17 @@ impl Client {
     }
 
     fn send(&mut self, body: &str) {
-        let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        self.send_to(OPENAI_PATH, body);
+    }
+
+    fn send_to(&mut self, path: &str, body: &str) {
+        let req = format!("POST {path} HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
         self.out.write_all(req.as_bytes()).expect("send");
     }
 
-    /// Reads one response; calls `on_chunk` with the arrival time of each body piece.
-    fn read(&mut self, mut on_chunk: impl FnMut(Instant)) -> u16 {
+    /// Reads one response; calls `on_chunk` with the arrival time and bytes of each body
+    /// piece.
+    fn read(&mut self, mut on_chunk: impl FnMut(Instant, &[u8])) -> u16 {
         let mut line = String::new();
         self.reader.read_line(&mut line).expect("status");
         let status = line
@@ -269,7 +318,7 @@ impl Client {
         if !chunked {
             let mut body = vec![0; length];
             self.reader.read_exact(&mut body).expect("body");
-            on_chunk(Instant::now());
+            on_chunk(Instant::now(), &body);
             return status;
         }
         loop {
@@ -281,7 +330,7 @@ impl Client {
             if size == 0 {
                 return status;
             }
-            on_chunk(Instant::now());
+            on_chunk(Instant::now(), &data[..size]);
         }
     }
 }
@@ -290,28 +339,52 @@ fn sequential(addr: SocketAddr, body: &str, n: usize) -> Samples {
     let mut c = Client::connect(addr);
     for _ in 0..100 {
         c.send(body);
-        c.read(|_| {});
+        c.read(|_, _| {});
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
         c.send(body);
-        assert_eq!(c.read(|_| {}), 200);
+        assert_eq!(c.read(|_, _| {}), 200);
         out.push(t.elapsed());
     }
     Samples(out)
 }
 
-/// Returns (time to first chunk, largest gap between chunks) per stream.
-fn streams(addr: SocketAddr, n: usize) -> (Samples, Samples) {
-    let body = chat(true);
+/// Per-stream figures of [`streams`].
+struct Streams {
+    /// Request sent to first body chunk.
+    ttfc: Samples,
+    /// Largest gap between two body chunks.
+    gap: Samples,
+    /// Request sent to the chunk that completes `marker` (the stream's last event), or
+    /// to the end of the body for a stream without one.
+    total: Samples,
+}
+
+/// `n` sequential streams of `body` to `path` on one keep-alive connection, after 20
+/// unmeasured ones.
+fn streams(addr: SocketAddr, path: &str, body: &str, marker: &[u8], n: usize) -> Streams {
     let mut c = Client::connect(addr);
-    let (mut ttfc, mut gaps) = (Vec::new(), Vec::new());
+    let (mut ttfc, mut gaps, mut totals) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n + 20 {
         let t = Instant::now();
-        c.send(&body);
+        c.send_to(path, body);
         let mut arrivals = Vec::new();
-        assert_eq!(c.read(|at| arrivals.push(at)), 200);
+        let (mut seen, mut last) = (Vec::new(), None);
+        let status = c.read(|at, data| {
+            arrivals.push(at);
+            if last.is_none() {
+                // Only the new bytes (and a marker split across chunks) need looking at.
+                let from = seen.len().saturating_sub(marker.len());
+                seen.extend_from_slice(data);
+                if seen[from..].windows(marker.len()).any(|w| w == marker) {
+                    last = Some(at);
+                }
+            }
+        });
+        let end = Instant::now();
+        assert_eq!(status, 200, "{path}");
         if i < 20 {
             continue;
         }
@@ -323,8 +396,13 @@ fn streams(addr: SocketAddr, n: usize) -> (Samples, Samples) {
                 .max()
                 .unwrap_or_default(),
         );
+        totals.push(last.unwrap_or(end) - t);
     }
-    (Samples(ttfc), Samples(gaps))
+    Streams {
+        ttfc: Samples(ttfc),
+        gap: Samples(gaps),
+        total: Samples(totals),
+    }
 }
 
 fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> f64 {
@@ -338,7 +416,7 @@ fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> f64 {
                 let mut c = Client::connect(addr);
                 while !stop.load(Ordering::Relaxed) {
                     c.send(&body);
-                    if c.read(|_| {}) == 200 {
+                    if c.read(|_, _| {}) == 200 {
                         done.fetch_add(1, Ordering::Relaxed);
                     }
                 }
