@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::auth::authorize_client;
+use super::body::inspect_body;
 use super::dispatcher::wire_request_id;
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
@@ -11,7 +12,7 @@ use super::ollama::routes as ollama;
 use super::ollama::translate::Endpoint;
 use super::relay::{self, write_error};
 use super::tenancy::identity::identify;
-use super::{ops, status, worker_socket, Ctx};
+use super::{moe, ops, status, worker_socket, Ctx};
 
 /// Routes whose body is relayed to a worker unchanged.
 pub const RELAYED_ROUTES: &[&str] = &[
@@ -41,6 +42,18 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
         ("POST", path) if RELAYED_ROUTES.contains(&path) => {
             match authorize_client(ctx, &req, peer.ip()) {
                 Ok(caller) => match identify(&req, caller.clone(), ctx.gate.policy()) {
+                    Ok(caller) if ctx.cfg.moe_enabled && path == moe::ROUTE => {
+                        match inspect_body(&req.body) {
+                            Ok(info) if moe::requested(&info.model) => {
+                                moe::serve(&mut conn, ctx, req, caller, info)
+                            }
+                            Ok(info) => relay::relay_inspected(&mut conn, ctx, req, caller, info),
+                            Err(e) => {
+                                let keep = req.keep_alive;
+                                relay::reject_caller(&mut conn, ctx, path, &e, keep, Some(&caller))
+                            }
+                        }
+                    }
                     Ok(caller) => relay::relay(&mut conn, ctx, req, caller),
                     Err(e) => {
                         let known = caller.with_key_tenant();

@@ -156,6 +156,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "5xx or transport failures in a row after which a worker is ejected for a while (0: never)",
     },
     Opt {
+        flag: "moe-enabled",
+        env: "MOE_ENABLED",
+        default: Some("false"),
+        help: "answer `moe-<model>` on /v1/chat/completions with a multiple-opinions ensemble (3 drafts, 3 critiques, 1 final)",
+    },
+    Opt {
         flag: "log-level",
         env: "LOG_LEVEL",
         default: Some("info"),
@@ -188,6 +194,8 @@ pub struct ServerConfig {
     /// Per-tenant rate limits, token budgets and weights.
     pub tenancy: Policy,
     pub metrics_max_tenants: usize,
+    /// `moe-<model>` on `/v1/chat/completions` runs the ensemble (`MOE_ENABLED`).
+    pub moe_enabled: bool,
 }
 
 impl ServerConfig {
@@ -238,6 +246,7 @@ impl ServerConfig {
             )
             .map_err(ConfigError)?,
             metrics_max_tenants: s.number("metrics-max-tenants", 100)?,
+            moe_enabled: s.flag_bool("moe-enabled")?,
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod errors;
 pub mod http;
 pub mod keys;
 pub mod metrics;
+pub mod moe;
 pub mod ollama;
 pub mod ops;
 pub mod relay;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::{debug, info};
 
-use super::body::{cache_reuse, inspect_body, FORWARDED_HEADERS};
+use super::body::{cache_reuse, inspect_body, BodyInfo, FORWARDED_HEADERS};
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
 use super::errors::{ApiError, Style};
@@ -64,12 +64,22 @@ pub struct Job<'a> {
 
 /// Relays one OpenAI- or Anthropic-style request (body forwarded untouched); returns
 /// whether the connection may be reused.
-pub fn relay(conn: &mut Conn, ctx: &Ctx, mut req: Request, caller: Caller) -> bool {
+pub fn relay(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller) -> bool {
+    match inspect_body(&req.body) {
+        Ok(info) => relay_inspected(conn, ctx, req, caller, info),
+        Err(e) => reject_caller(conn, ctx, &req.path, &e, req.keep_alive, Some(&caller)),
+    }
+}
+
+/// [`relay`] for a body whose `model` and `stream` were already read.
+pub fn relay_inspected(
+    conn: &mut Conn,
+    ctx: &Ctx,
+    mut req: Request,
+    caller: Caller,
+    info: BodyInfo,
+) -> bool {
     let keep = req.keep_alive;
-    let info = match inspect_body(&req.body) {
-        Ok(info) => info,
-        Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
-    };
     // inspect_body parsed it as JSON, so it is UTF-8; stay defensive anyway.
     let body = match String::from_utf8(std::mem::take(&mut req.body)) {
         Ok(b) => b,
@@ -153,7 +163,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
 
 /// The client headers that travel to the backend, minus the relay's own key; the
 /// resolved tenant and priority go along when the caller named them or holds a key.
-fn forwarded_headers(all: &[(String, String)], caller: &Caller) -> HeaderMap {
+pub fn forwarded_headers(all: &[(String, String)], caller: &Caller) -> HeaderMap {
     let mut headers: HeaderMap = all
         .iter()
         .filter(|(name, _)| {
@@ -272,44 +282,22 @@ impl Session<'_, '_> {
 
     /// One access-log line and one metrics record per request.
     fn record(&self, outcome: &str) {
-        let duration = self.started.elapsed();
-        let wait = self
-            .queue_wait
-            .map(|w| w.as_millis().to_string())
-            .unwrap_or_else(|| "-".into());
-        let who = &self.caller.who;
-        let capped = if self.caller.asked != who.priority {
-            format!("(asked {})", self.caller.asked.as_str())
-        } else {
-            String::new()
-        };
-        info!(
-            "request {} {} model={} tenant={} priority={}{capped} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
-            self.wire,
-            self.route,
-            self.model,
-            who.tenant,
-            who.priority.as_str(),
-            self.worker.as_deref().unwrap_or("-"),
-            self.status,
-            wait,
-            duration.as_millis(),
-            self.tokens.0,
-            self.tokens.1,
-            outcome
+        record(
+            self.ctx,
+            &Record {
+                wire: &self.wire,
+                route: &self.route,
+                model: &self.model,
+                caller: &self.caller,
+                worker: self.worker.as_deref(),
+                status: self.status,
+                started: self.started,
+                queue_wait: self.queue_wait,
+                first_chunk: self.first_chunk,
+                tokens: self.tokens,
+                outcome,
+            },
         );
-        self.ctx.http_metrics.finished(&Finished {
-            route: &self.route,
-            model: &self.model,
-            status: self.status,
-            duration,
-            first_chunk: self.first_chunk,
-            key: self.caller.key_id(),
-            tokens: self.tokens,
-            tenant: Some((&who.tenant, who.priority.as_str())),
-            outcome,
-            queue_wait: self.queue_wait,
-        });
     }
 
     fn queue_wait_ms(&self) -> String {
@@ -518,6 +506,64 @@ impl Session<'_, '_> {
         ));
         buf.extend_from_slice(body);
     }
+}
+
+/// What the access log and the metrics learn about one request that reached the
+/// dispatcher (a relayed request, or a part of a `moe-` ensemble).
+pub struct Record<'a> {
+    pub wire: &'a str,
+    pub route: &'a str,
+    pub model: &'a str,
+    pub caller: &'a Caller,
+    pub worker: Option<&'a str>,
+    pub status: u16,
+    pub started: Instant,
+    pub queue_wait: Option<Duration>,
+    pub first_chunk: Option<Duration>,
+    pub tokens: (u64, u64),
+    pub outcome: &'a str,
+}
+
+/// Writes the access-log line and the metrics record of a finished request.
+pub fn record(ctx: &Ctx, r: &Record<'_>) {
+    let duration = r.started.elapsed();
+    let wait = r
+        .queue_wait
+        .map(|w| w.as_millis().to_string())
+        .unwrap_or_else(|| "-".into());
+    let who = &r.caller.who;
+    let capped = if r.caller.asked != who.priority {
+        format!("(asked {})", r.caller.asked.as_str())
+    } else {
+        String::new()
+    };
+    info!(
+        "request {} {} model={} tenant={} priority={}{capped} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
+        r.wire,
+        r.route,
+        r.model,
+        who.tenant,
+        who.priority.as_str(),
+        r.worker.unwrap_or("-"),
+        r.status,
+        wait,
+        duration.as_millis(),
+        r.tokens.0,
+        r.tokens.1,
+        r.outcome
+    );
+    ctx.http_metrics.finished(&Finished {
+        route: r.route,
+        model: r.model,
+        status: r.status,
+        duration,
+        first_chunk: r.first_chunk,
+        key: r.caller.key_id(),
+        tokens: r.tokens,
+        tenant: Some((&who.tenant, who.priority.as_str())),
+        outcome: r.outcome,
+        queue_wait: r.queue_wait,
+    });
 }
 
 /// Answers an inference request refused before it reached the dispatcher (bad body,

@@ -1,0 +1,797 @@
+//! Multiple opinions (`moe-<model>`, opt-in with `MOE_ENABLED`): the ensemble of the
+//! NOMYO Router seed, built on the relay like any client.
+//!
+//! A request for `moe-m` on `POST /v1/chat/completions` becomes up to seven ordinary
+//! requests for `m`. Each one is submitted to the dispatcher with the caller's tenant and
+//! priority and its own request id, so queueing, fair share, rate limits, token budgets,
+//! the access log and the metrics see (and bill) every part:
+//!
+//! 1. **three drafts**: the client's body with `model: m`, not streamed, all three
+//!    submitted before any is awaited. The dispatcher's least-load, round-robin choice then
+//!    puts them on different workers whenever several have a free slot (no routing hint is
+//!    needed, and the dispatcher is untouched);
+//! 2. **one critique per draft that came back**, again submitted together: a short prompt
+//!    with the question and every draft, asking for a critique of one of them and a
+//!    `BEST: <n>` vote ([`critique_prompt`]);
+//! 3. **the final answer**: the client's body (its `stream` and sampling parameters
+//!    included) with one prompt holding the drafts, the winner of the vote and the
+//!    critiques ([`final_prompt`]), run through [`relay::run`] like any request, so the
+//!    client gets one ordinary chat completion, streamed or whole, with headers,
+//!    cancellation, metrics and its access line as usual. Only `model` is rewritten to
+//!    `moe-m` on the way out ([`Rename`]).
+//!
+//! If no draft succeeds the client gets the first draft's failure; failed critiques are
+//! left out. The connection thread only orchestrates: it submits, waits on the reply
+//! channels and watches the client, whose hang-up cancels the parts in flight
+//! ([`Event::ClientGone`], as the relay does). Every routing and queueing decision stays
+//! with the dispatcher, which also times each part out; [`BACKSTOP`] is only a last
+//! resort.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Select};
+use log::info;
+use serde_json::{json, Map, Value};
+
+use super::body::BodyInfo;
+use super::dispatcher::runtime::Input;
+use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
+use super::errors::{ApiError, Style};
+use super::http::request::{Conn, Request};
+use super::relay::{self, Job, Record, Reshape, HANGUP_CHECK};
+use super::tenancy::identity::Caller;
+use super::Ctx;
+use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
+
+/// Model prefix that asks for the ensemble.
+pub const PREFIX: &str = "moe-";
+/// The only route that offers it.
+pub const ROUTE: &str = "/v1/chat/completions";
+/// Drafts per request.
+const DRAFTS: usize = 3;
+/// Slack beyond the dispatcher's queue and request timeouts after which a part still
+/// unanswered is given up here (the dispatcher normally fails it first).
+const BACKSTOP: Duration = Duration::from_secs(5);
+
+/// Whether `model` asks for the ensemble (the route table calls this when it is on).
+pub fn requested(model: &str) -> bool {
+    model.starts_with(PREFIX)
+}
+
+/// Runs the ensemble for a `moe-` request; returns whether the connection may be reused.
+pub fn serve(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller, info: BodyInfo) -> bool {
+    let keep = req.keep_alive;
+    let plan = match Plan::new(&req.body, &info.model) {
+        Ok(plan) => plan,
+        Err(e) => return relay::reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
+    };
+    let final_body = {
+        let _active = ctx.shared.relay_started();
+        let parts = Parts {
+            ctx,
+            caller: &caller,
+            headers: relay::forwarded_headers(&req.headers, &caller),
+            model: &plan.model,
+        };
+        let draft: Arc<str> = Arc::from(plan.draft_body());
+        let Some(drafts) = parts.gather(conn, vec![draft; DRAFTS]) else {
+            return false;
+        };
+        let texts: Vec<String> = drafts.iter().filter_map(|p| p.text().cloned()).collect();
+        if texts.is_empty() {
+            return answer_failure(conn, &drafts, keep);
+        }
+        let bodies = (0..texts.len())
+            .map(|i| Arc::from(plan.critique_body(&texts, i)))
+            .collect();
+        let Some(critiques) = parts.gather(conn, bodies) else {
+            return false;
+        };
+        let reviews: Vec<Option<String>> = critiques.iter().map(|p| p.text().cloned()).collect();
+        let best = best_draft(&reviews, texts.len());
+        info!(
+            "moe {}: drafts {}/{DRAFTS} [{}], critiques {}/{} [{}], best draft {}; the final answer follows",
+            info.model,
+            texts.len(),
+            wires(&drafts),
+            reviews.iter().flatten().count(),
+            texts.len(),
+            wires(&critiques),
+            best + 1
+        );
+        plan.final_body(&texts, best, &reviews, info.stream)
+    };
+    let job = Job {
+        route: ROUTE.into(),
+        endpoint_path: ROUTE.into(),
+        model: plan.model.clone(),
+        stream: info.stream,
+        body: final_body,
+        style: Style::OpenAi,
+        reshape: Some(Box::new(Rename::new(&info.model))),
+    };
+    relay::run(conn, ctx, &req, job, caller)
+}
+
+/// No draft came back: the client gets the first draft's failure, OpenAI-shaped, with
+/// that draft's request id (its access line tells the rest).
+fn answer_failure(conn: &mut Conn, drafts: &[Part], keep: bool) -> bool {
+    let Some((wire, e)) = drafts
+        .iter()
+        .find_map(|p| Some((p.wire.as_str(), p.error()?)))
+    else {
+        return false;
+    };
+    let head = [("x-request-id", wire)];
+    let response = relay::error_response(Style::OpenAi, e, keep, &head);
+    conn.stream.write_all(&response).is_ok() && keep
+}
+
+fn wires(parts: &[Part]) -> String {
+    let ids: Vec<&str> = parts.iter().map(|p| p.wire.as_str()).collect();
+    ids.join(" ")
+}
+
+/// What every request of the ensemble is built from.
+#[derive(Debug)]
+struct Plan {
+    /// The model every part asks for (`m` of `moe-m`).
+    model: String,
+    /// The client's body.
+    body: Map<String, Value>,
+    /// The client's system (and developer) messages, kept for the final answer.
+    system: Vec<Value>,
+    /// The conversation as text, quoted in the critique and final prompts.
+    question: String,
+}
+
+impl Plan {
+    fn new(raw: &[u8], requested: &str) -> Result<Plan, ApiError> {
+        let model = requested.strip_prefix(PREFIX).unwrap_or(requested).trim();
+        if model.is_empty() {
+            let e = format!("`{PREFIX}` must be followed by a model name");
+            return Err(ApiError::new(400, "invalid_model", e));
+        }
+        let body: Map<String, Value> = serde_json::from_slice(raw).map_err(|e| {
+            let e = format!("request body is not a JSON object: {e}");
+            ApiError::new(400, "invalid_json", e)
+        })?;
+        let messages = match body.get("messages") {
+            Some(Value::Array(m)) if !m.is_empty() => m,
+            _ => {
+                let e = format!("a `{PREFIX}` request needs a non-empty `messages` array");
+                return Err(ApiError::new(400, "invalid_request", e));
+            }
+        };
+        let system = messages.iter().filter(|m| is_system(m)).cloned().collect();
+        Ok(Plan {
+            model: model.to_string(),
+            question: question(messages),
+            system,
+            body,
+        })
+    }
+
+    /// The client's request for the plain model, answered whole.
+    fn draft_body(&self) -> String {
+        let mut body = self.body.clone();
+        body.insert("model".into(), self.model.clone().into());
+        body.insert("stream".into(), false.into());
+        body.remove("stream_options");
+        Value::Object(body).to_string()
+    }
+
+    /// A request for the critique of draft `i`: nothing of the client's but the question.
+    fn critique_body(&self, drafts: &[String], i: usize) -> String {
+        let prompt = critique_prompt(&self.question, drafts, i);
+        json!({
+            "model": self.model,
+            "stream": false,
+            "messages": [{"role": "user", "content": prompt}],
+        })
+        .to_string()
+    }
+
+    /// The client's request (sampling parameters, `stream`) with its conversation
+    /// replaced by the client's system messages and the final prompt.
+    fn final_body(
+        &self,
+        drafts: &[String],
+        best: usize,
+        critiques: &[Option<String>],
+        stream: bool,
+    ) -> String {
+        let mut messages = self.system.clone();
+        let prompt = final_prompt(&self.question, drafts, best, critiques);
+        messages.push(json!({"role": "user", "content": prompt}));
+        let mut body = self.body.clone();
+        body.insert("model".into(), self.model.clone().into());
+        body.insert("stream".into(), stream.into());
+        body.insert("messages".into(), Value::Array(messages));
+        Value::Object(body).to_string()
+    }
+}
+
+fn is_system(message: &Value) -> bool {
+    matches!(message["role"].as_str(), Some("system" | "developer"))
+}
+
+/// The conversation without its system messages, as the prompts quote it: the lone
+/// message's text, or `role: text` paragraphs.
+fn question(messages: &[Value]) -> String {
+    let turns: Vec<&Value> = messages.iter().filter(|m| !is_system(m)).collect();
+    if let [one] = turns.as_slice() {
+        return content_text(&one["content"]);
+    }
+    let lines: Vec<String> = turns
+        .iter()
+        .map(|m| {
+            let role = m["role"].as_str().unwrap_or("user");
+            format!("{role}: {}", content_text(&m["content"]))
+        })
+        .collect();
+    lines.join("\n\n")
+}
+
+/// A message's text: the string, or the text parts of a content array (other parts
+/// are named, e.g. `[image_url]`).
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => {
+            let texts: Vec<String> = parts
+                .iter()
+                .filter_map(|p| match p["type"].as_str() {
+                    Some("text") => p["text"].as_str().map(str::to_string),
+                    Some(other) => Some(format!("[{other}]")),
+                    None => None,
+                })
+                .collect();
+            texts.join("\n")
+        }
+        _ => String::new(),
+    }
+}
+
+/// Appends the numbered drafts, the best one marked when `best` is given.
+fn push_drafts(out: &mut String, drafts: &[String], best: Option<usize>) {
+    for (i, draft) in drafts.iter().enumerate() {
+        let mark = if best == Some(i) { " (voted best)" } else { "" };
+        out.push_str(&format!("\n\nAnswer {}{mark}:\n{}", i + 1, draft.trim()));
+    }
+}
+
+/// The critique prompt for draft `i`: the question, every draft, and the ask to weigh
+/// draft `i` against the others and vote on a closing `BEST: <n>` line.
+pub fn critique_prompt(question: &str, drafts: &[String], i: usize) -> String {
+    let mut p = format!(
+        "Below are {} candidate answers to a question. Critique answer {}: what is right, \
+         wrong or missing compared with the others, in a few sentences. End with one line \
+         `BEST: <number>` naming the best answer.\n\nQuestion:\n{}",
+        drafts.len(),
+        i + 1,
+        question.trim()
+    );
+    push_drafts(&mut p, drafts, None);
+    p
+}
+
+/// The final prompt: the question, the drafts with the vote's winner marked, and the
+/// critiques that came back; the answer is to start from the winner and apply them.
+pub fn final_prompt(
+    question: &str,
+    drafts: &[String],
+    best: usize,
+    critiques: &[Option<String>],
+) -> String {
+    let mut p = format!(
+        "Write the final answer to the question below. Start from the answer voted best, \
+         fix what the critiques found wrong and add what they found missing. Reply with \
+         the final answer only; do not mention the candidates or the critiques.\n\n\
+         Question:\n{}",
+        question.trim()
+    );
+    push_drafts(&mut p, drafts, Some(best));
+    for (i, critique) in critiques.iter().enumerate() {
+        if let Some(c) = critique {
+            p.push_str(&format!("\n\nCritique of answer {}:\n{}", i + 1, c.trim()));
+        }
+    }
+    p
+}
+
+/// The draft a critique votes for (`BEST: 2` on its last `best` line; 0-based).
+fn vote(critique: &str, drafts: usize) -> Option<usize> {
+    let lower = critique.to_ascii_lowercase();
+    let at = lower.rfind("best")?;
+    let line = lower[at + 4..].lines().next().unwrap_or("");
+    let digits: String = line
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let n: usize = digits.parse().ok()?;
+    (1..=drafts).contains(&n).then(|| n - 1)
+}
+
+/// The draft with the most votes; ties and silence go to the earlier draft.
+fn best_draft(critiques: &[Option<String>], drafts: usize) -> usize {
+    let mut votes = vec![0usize; drafts.max(1)];
+    for c in critiques.iter().flatten() {
+        if let Some(v) = vote(c, drafts) {
+            votes[v] += 1;
+        }
+    }
+    let most = votes.iter().copied().max().unwrap_or(0);
+    votes.iter().position(|v| *v == most).unwrap_or(0)
+}
+
+/// The assistant's text in a whole chat completion, or in one that came as SSE.
+fn answer_text(body: &str) -> Option<String> {
+    let trimmed = body.trim_start();
+    let text = if trimmed.starts_with("data:") {
+        let mut text = String::new();
+        for line in trimmed.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
+                text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+            }
+        }
+        text
+    } else {
+        let v: Value = serde_json::from_str(trimmed).ok()?;
+        v["choices"][0]["message"]["content"].as_str()?.to_string()
+    };
+    (!text.trim().is_empty()).then_some(text)
+}
+
+/// `usage` of an OpenAI answer (prompt, completion), when it has one.
+fn usage_of(v: &Value) -> Option<(u64, u64)> {
+    let u = v.get("usage")?;
+    let prompt = u["prompt_tokens"].as_u64().unwrap_or(0);
+    let completion = u["completion_tokens"].as_u64().unwrap_or(0);
+    (prompt + completion > 0).then_some((prompt, completion))
+}
+
+/// The error a part's non-2xx answer stands for, from its OpenAI error body if any.
+fn answer_error(status: u16, body: &str) -> ApiError {
+    let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let e = &v["error"];
+    let code = e["code"].as_str().unwrap_or("worker_error");
+    let message = e["message"]
+        .as_str()
+        .or_else(|| e.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("the backend answered {status}"));
+    ApiError::new(status, code, message)
+}
+
+/// Submits and collects the parts of one phase for one client.
+struct Parts<'a> {
+    ctx: &'a Ctx,
+    caller: &'a Caller,
+    headers: HeaderMap,
+    model: &'a str,
+}
+
+/// One sub-request, from submission to its end.
+struct Part {
+    id: RequestId,
+    wire: String,
+    events: Receiver<ClientEvent>,
+    started: Instant,
+    queue_wait: Option<Duration>,
+    worker: Option<String>,
+    first_chunk: Option<Duration>,
+    body: String,
+    /// Set when it ended: the answer's text, or why there is none.
+    answer: Option<Result<String, ApiError>>,
+}
+
+impl Part {
+    fn text(&self) -> Option<&String> {
+        self.answer.as_ref()?.as_ref().ok()
+    }
+
+    fn error(&self) -> Option<&ApiError> {
+        self.answer.as_ref()?.as_ref().err()
+    }
+}
+
+impl Parts<'_> {
+    /// Submits one request per body, all before waiting, and collects every answer.
+    /// `None` when the client hung up (the parts still running are cancelled).
+    fn gather(&self, conn: &mut Conn, bodies: Vec<Arc<str>>) -> Option<Vec<Part>> {
+        let cfg = &self.ctx.cfg.dispatch;
+        let started = Instant::now();
+        let deadline = started + cfg.queue_timeout + cfg.request_timeout + BACKSTOP;
+        let mut parts: Vec<Part> = bodies.into_iter().map(|b| self.submit(b)).collect();
+        let mut checked = started;
+        loop {
+            let pending: Vec<usize> = (0..parts.len())
+                .filter(|&i| parts[i].answer.is_none())
+                .collect();
+            if pending.is_empty() {
+                return Some(parts);
+            }
+            let now = Instant::now();
+            if now.duration_since(checked) >= HANGUP_CHECK {
+                checked = now;
+                if conn.stream.peer_closed() {
+                    for &i in &pending {
+                        self.cancel(&mut parts[i], 499, Failure::ClientGone);
+                    }
+                    return None;
+                }
+            }
+            if now >= deadline {
+                for &i in &pending {
+                    self.cancel(&mut parts[i], 504, Failure::RequestTimeout);
+                }
+                continue;
+            }
+            let receivers: Vec<Receiver<ClientEvent>> =
+                pending.iter().map(|&i| parts[i].events.clone()).collect();
+            let mut select = Select::new();
+            for rx in &receivers {
+                select.recv(rx);
+            }
+            let Ok(op) = select.select_timeout(HANGUP_CHECK.min(deadline - now)) else {
+                continue;
+            };
+            let k = op.index();
+            match op.recv(&receivers[k]) {
+                Ok(event) => self.take(&mut parts[pending[k]], event),
+                Err(_) => self.fail(&mut parts[pending[k]], &Failure::ShuttingDown),
+            }
+        }
+    }
+
+    /// Admits one part (rate limit, token budget) and hands it to the dispatcher.
+    fn submit(&self, body: Arc<str>) -> Part {
+        let id = self.ctx.next_request_id();
+        let wire = wire_request_id(id);
+        let (reply, events) = crossbeam_channel::unbounded();
+        let mut part = Part {
+            id,
+            wire: wire.clone(),
+            events,
+            started: Instant::now(),
+            queue_wait: None,
+            worker: None,
+            first_chunk: None,
+            body: String::new(),
+            answer: None,
+        };
+        if let Err(e) = self.ctx.gate.admit(self.caller, part.started) {
+            let outcome = format!("rejected:{}", e.code);
+            self.record(&part, e.status, (0, 0), &outcome);
+            part.answer = Some(Err(e));
+            return part;
+        }
+        let msg = Arc::new(RequestMessage {
+            request_id: wire,
+            model: self.model.to_string(),
+            endpoint_path: ROUTE.into(),
+            is_streaming: false,
+            body,
+            headers: self.headers.clone(),
+        });
+        let submit = Input::Submit {
+            id,
+            msg,
+            who: self.caller.who.clone(),
+            progress: false,
+            reply,
+        };
+        if self.ctx.inputs.send(submit).is_err() {
+            self.fail(&mut part, &Failure::ShuttingDown);
+        }
+        part
+    }
+
+    fn take(&self, part: &mut Part, event: ClientEvent) {
+        match event {
+            ClientEvent::Dispatched { queue_wait, worker } => {
+                part.queue_wait = Some(queue_wait);
+                part.worker = Some(worker);
+            }
+            ClientEvent::Queued { .. } => {}
+            ClientEvent::Chunk(chunk) => {
+                part.first_chunk
+                    .get_or_insert_with(|| part.started.elapsed());
+                part.body.push_str(&chunk);
+            }
+            ClientEvent::Complete(rc) => self.complete(part, rc),
+            ClientEvent::Failed(f) => self.fail(part, &f),
+        }
+    }
+
+    fn complete(&self, part: &mut Part, rc: ResponseComplete) {
+        if let Some(rest) = rc.body.as_deref() {
+            part.body.push_str(rest);
+        }
+        let reported = rc.token_counts.as_ref().map(|t| {
+            (
+                t.prompt_tokens.unwrap_or(0),
+                t.completion_tokens.unwrap_or(0),
+            )
+        });
+        let tokens = reported
+            .filter(|t| *t != (0, 0))
+            .or_else(|| usage_of(&serde_json::from_str(&part.body).ok()?))
+            .unwrap_or((0, 0));
+        if tokens != (0, 0) {
+            let tenant = &self.caller.who.tenant;
+            self.ctx
+                .gate
+                .charge(tenant, tokens.0 + tokens.1, Instant::now());
+        }
+        let status = if (100..=599).contains(&rc.status_code) {
+            rc.status_code
+        } else {
+            502
+        };
+        self.record(part, status, tokens, "completed");
+        part.answer = Some(if (200..300).contains(&status) {
+            answer_text(&part.body).ok_or_else(|| {
+                ApiError::new(502, "empty_answer", "the backend's answer had no text")
+            })
+        } else {
+            Err(answer_error(status, &part.body))
+        });
+    }
+
+    fn fail(&self, part: &mut Part, f: &Failure) {
+        let queue_timeout = self.ctx.cfg.dispatch.queue_timeout.as_secs();
+        let e = ApiError::from_failure(f, queue_timeout);
+        self.record(part, e.status, (0, 0), f.code());
+        part.answer = Some(Err(e));
+    }
+
+    /// Gives up on a part still in flight: the dispatcher drops it (a `cancel` reaches
+    /// its worker) and it is recorded with `status`.
+    fn cancel(&self, part: &mut Part, status: u16, why: Failure) {
+        let gone = Input::Event(Event::ClientGone(part.id));
+        let _ = self.ctx.inputs.send(gone);
+        let outcome = match why {
+            Failure::ClientGone => "client_disconnect",
+            _ => why.code(),
+        };
+        self.record(part, status, (0, 0), outcome);
+        let queue_timeout = self.ctx.cfg.dispatch.queue_timeout.as_secs();
+        part.answer = Some(Err(ApiError::from_failure(&why, queue_timeout)));
+    }
+
+    fn record(&self, part: &Part, status: u16, tokens: (u64, u64), outcome: &str) {
+        relay::record(
+            self.ctx,
+            &Record {
+                wire: &part.wire,
+                route: ROUTE,
+                model: self.model,
+                caller: self.caller,
+                worker: part.worker.as_deref(),
+                status,
+                started: part.started,
+                queue_wait: part.queue_wait,
+                first_chunk: part.first_chunk,
+                tokens,
+                outcome,
+            },
+        );
+    }
+}
+
+/// Shows the final answer as `moe-<model>`'s: rewrites `model` in the whole body or in
+/// every SSE `data:` line (split lines are held until complete); everything else, errors
+/// included, passes through.
+struct Rename {
+    model: String,
+    /// An SSE line not complete yet.
+    partial: String,
+    tokens: (u64, u64),
+}
+
+impl Rename {
+    fn new(model: &str) -> Rename {
+        Rename {
+            model: model.to_string(),
+            partial: String::new(),
+            tokens: (0, 0),
+        }
+    }
+
+    /// One SSE line (with its line end, if any) with `model` rewritten.
+    fn line(&mut self, line: &str) -> String {
+        let Some(data) = line.strip_prefix("data:") else {
+            return line.to_string();
+        };
+        let Ok(mut v) = serde_json::from_str::<Value>(data.trim()) else {
+            return line.to_string();
+        };
+        if let Some(t) = usage_of(&v) {
+            self.tokens = t;
+        }
+        if let Some(m) = v.get_mut("model") {
+            *m = self.model.clone().into();
+        }
+        let end = &line[line.trim_end_matches(['\r', '\n']).len()..];
+        format!("data: {v}{end}")
+    }
+}
+
+impl Reshape for Rename {
+    fn stream_type(&self) -> &'static str {
+        "text/event-stream"
+    }
+
+    fn chunk(&mut self, chunk: &str) -> String {
+        self.partial.push_str(chunk);
+        let Some(cut) = self.partial.rfind('\n') else {
+            return String::new();
+        };
+        let complete: String = self.partial.drain(..=cut).collect();
+        complete
+            .split_inclusive('\n')
+            .map(|l| self.line(l))
+            .collect()
+    }
+
+    fn end(&mut self, rest: &str) -> String {
+        let mut out = self.chunk(rest);
+        let tail = std::mem::take(&mut self.partial);
+        out.push_str(&self.line(&tail));
+        out
+    }
+
+    fn whole(&mut self, status: u16, body: &str, _elapsed: Duration) -> (u16, String) {
+        if !(200..300).contains(&status) {
+            return (status, body.to_string());
+        }
+        match serde_json::from_str::<Value>(body) {
+            Ok(mut v) if v.get("model").is_some() => {
+                if let Some(t) = usage_of(&v) {
+                    self.tokens = t;
+                }
+                v["model"] = self.model.clone().into();
+                (status, v.to_string())
+            }
+            _ => (status, body.to_string()),
+        }
+    }
+
+    fn tokens(&self) -> (u64, u64) {
+        self.tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drafts() -> Vec<String> {
+        vec!["Paris.".into(), "Lyon.".into(), "Paris, France.".into()]
+    }
+
+    #[test]
+    fn votes_are_read_from_the_last_best_line() {
+        assert_eq!(vote("Good answer.\nBEST: 2", 3), Some(1));
+        assert_eq!(vote("**Best:** Answer 3", 3), Some(2));
+        assert_eq!(vote("the best one is 1.\nBEST: 3\n", 3), Some(2));
+        assert_eq!(vote("BEST: 7", 3), None, "out of range");
+        assert_eq!(vote("no vote here", 3), None);
+        assert_eq!(vote("BEST:\n2", 3), None, "the number is on the line");
+    }
+
+    #[test]
+    fn the_most_voted_draft_wins_and_ties_go_to_the_earlier() {
+        let c = |s: &str| Some(s.to_string());
+        assert_eq!(
+            best_draft(&[c("BEST: 3"), c("BEST: 3"), c("BEST: 1")], 3),
+            2
+        );
+        assert_eq!(best_draft(&[c("BEST: 2"), c("BEST: 1"), None], 3), 0);
+        assert_eq!(best_draft(&[None, c("meh"), None], 3), 0);
+        assert_eq!(best_draft(&[], 1), 0);
+    }
+
+    #[test]
+    fn prompts_quote_the_question_and_every_draft() {
+        let p = critique_prompt("Capital of France?", &drafts(), 1);
+        assert!(p.contains("Critique answer 2"), "{p}");
+        assert!(p.contains("Capital of France?") && p.contains("BEST: <number>"));
+        for (i, d) in drafts().iter().enumerate() {
+            assert!(p.contains(&format!("Answer {}:\n{d}", i + 1)), "{p}");
+        }
+        let critiques = [Some("Fine.\nBEST: 3".to_string()), None, Some("Ok".into())];
+        let f = final_prompt("Capital of France?", &drafts(), 2, &critiques);
+        assert!(f.contains("Answer 3 (voted best):\nParis, France."), "{f}");
+        assert!(f.contains("Answer 1:\nParis.") && f.contains("Answer 2:\nLyon."));
+        assert!(f.contains("Critique of answer 1:\nFine.") && f.contains("Critique of answer 3"));
+        assert!(!f.contains("Critique of answer 2"), "{f}");
+    }
+
+    #[test]
+    fn bodies_keep_the_clients_parameters_where_they_belong() {
+        let raw = br#"{"model":"moe-m","stream":true,"stream_options":{"include_usage":true},
+            "temperature":0.2,"messages":[{"role":"system","content":"Be brief."},
+            {"role":"user","content":[{"type":"text","text":"Why?"},{"type":"image_url"}]}]}"#;
+        let plan = Plan::new(raw, "moe-m").expect("plan");
+        assert_eq!(plan.model, "m");
+        assert_eq!(plan.question, "Why?\n[image_url]");
+        let draft: Value = serde_json::from_str(&plan.draft_body()).unwrap();
+        assert_eq!(draft["model"], "m");
+        assert_eq!(draft["stream"], false);
+        assert_eq!(draft["temperature"], 0.2);
+        assert!(draft.get("stream_options").is_none());
+        assert_eq!(draft["messages"][1]["content"][0]["text"], "Why?");
+        let critique: Value = serde_json::from_str(&plan.critique_body(&drafts(), 0)).unwrap();
+        assert_eq!(critique["messages"].as_array().map(Vec::len), Some(1));
+        assert!(critique.get("temperature").is_none());
+        let fin: Value = serde_json::from_str(&plan.final_body(&drafts(), 0, &[], true)).unwrap();
+        assert_eq!(fin["stream"], true);
+        assert_eq!(fin["temperature"], 0.2);
+        assert_eq!(fin["messages"][0]["content"], "Be brief.");
+        assert_eq!(fin["messages"][1]["role"], "user");
+        assert!(Plan::new(br#"{"model":"moe-"}"#, "moe-").is_err());
+        let e = Plan::new(br#"{"model":"moe-m","messages":[]}"#, "moe-m").unwrap_err();
+        assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn a_conversation_is_quoted_turn_by_turn() {
+        let msgs: Vec<Value> = serde_json::from_str(
+            r#"[{"role":"user","content":"a"},{"role":"assistant","content":"b"},
+                {"role":"user","content":"c"}]"#,
+        )
+        .unwrap();
+        assert_eq!(question(&msgs), "user: a\n\nassistant: b\n\nuser: c");
+    }
+
+    #[test]
+    fn answers_are_read_whole_or_from_sse() {
+        let whole = r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#;
+        assert_eq!(answer_text(whole).as_deref(), Some("hi"));
+        let sse = "data: {\"choices\":[{\"delta\":{\"content\":\"h\"}}]}\n\n\
+                   data: {\"choices\":[{\"delta\":{\"content\":\"i\"}}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(answer_text(sse).as_deref(), Some("hi"));
+        assert_eq!(
+            answer_text(r#"{"choices":[{"message":{"content":" "}}]}"#),
+            None
+        );
+        assert_eq!(answer_text("not json"), None);
+        let e = answer_error(500, r#"{"error":{"message":"boom","code":"oops"}}"#);
+        assert_eq!(
+            (e.status, e.code.as_str(), e.message.as_str()),
+            (500, "oops", "boom")
+        );
+        assert_eq!(answer_error(503, "").code, "worker_error");
+    }
+
+    #[test]
+    fn rename_rewrites_model_in_split_sse_lines_and_whole_bodies() {
+        let mut r = Rename::new("moe-m");
+        let mut out = r.chunk("data: {\"model\":\"m\",\"choices\":[]}\n\ndata: {\"mo");
+        out.push_str(
+            &r.chunk("del\":\"m\",\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n"),
+        );
+        out.push_str(&r.end("data: [DONE]\n\n"));
+        let events: Vec<&str> = out.split("\n\n").collect();
+        assert_eq!(events.len(), 4, "{out}");
+        for event in &events[..2] {
+            let v: Value = serde_json::from_str(event.strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(v["model"], "moe-m", "{out}");
+        }
+        assert_eq!(events[2..], ["data: [DONE]", ""]);
+        assert_eq!(r.tokens(), (4, 2));
+        let (status, body) = r.whole(200, r#"{"model":"m","x":1}"#, Duration::ZERO);
+        assert_eq!((status, body.as_str()), (200, r#"{"model":"moe-m","x":1}"#));
+        let err = r#"{"error":{"message":"no"}}"#;
+        assert_eq!(r.whole(404, err, Duration::ZERO), (404, err.to_string()));
+    }
+}
