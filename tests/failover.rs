@@ -66,7 +66,9 @@ fn ask(addr: SocketAddr, stream: bool) -> Answer {
 /// `clients` concurrent clients send `total` requests between them, each on a fresh
 /// connection; with `half_streaming` every other request streams.
 fn load(addr: SocketAddr, clients: usize, total: usize, half_streaming: bool) -> Vec<Answer> {
-    load::spread(clients, total, move |i| ask(addr, half_streaming && i % 2 == 1))
+    load::spread(clients, total, move |i| {
+        ask(addr, half_streaming && i % 2 == 1)
+    })
 }
 
 /// Panics with the failed answers unless every answer is complete.

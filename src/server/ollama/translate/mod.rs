@@ -1,0 +1,1131 @@
+//! Translation between Ollama's native API and the OpenAI API, so Ollama clients
+//! (Open WebUI, the `ollama` Python/JS clients, `ollama run`) can use any
+//! OpenAI-compatible backend behind the relay.
+//!
+//! Pure functions plus one stream state machine: no I/O, no threads, no clock of its
+//! own (callers pass `Instant`s, durations and wall-clock milliseconds), so every
+//! mapping is unit-tested on recorded bodies.
+//!
+//! | Ollama (client side) | OpenAI (backend side) |
+//! |---|---|
+//! | `POST /api/chat` | `POST /v1/chat/completions` |
+//! | `POST /api/generate` `{system, prompt, images}` | `/v1/chat/completions` with a system and a user message |
+//! | `POST /api/generate` `{raw: true, prompt, suffix}` | `POST /v1/completions` `{prompt, suffix}` |
+//! | `POST /api/embed` `{input: s \| [s], dimensions}` | `POST /v1/embeddings` `{input: [s], dimensions}` |
+//! | `POST /api/embeddings` `{prompt}` (legacy) | `POST /v1/embeddings` `{input: [prompt]}` |
+//! | `stream` (absent = **true**) | `stream`, and `stream_options.include_usage` when streaming |
+//! | `messages[].images` (bare base64) | `image_url` content parts, `data:image/{png,jpeg,gif,webp};base64,` |
+//! | assistant `tool_calls[].function.arguments` (object) | `arguments` (JSON text), ids `call_N` when absent |
+//! | `tool` message (`tool_name`) | `tool_call_id` of the earlier unanswered call with that name |
+//! | `tools` | `tools` (same shape; an empty list is dropped) |
+//! | `format: "json"` / `format: {schema}` | `response_format` `json_object` / `json_schema {name: "schema", schema}` |
+//! | `think` | `think` (passed through) |
+//! | `options.num_predict` > 0 (−1 = unlimited, −2 = fill context) | `max_tokens` (≤ 0 omitted) |
+//! | `options.temperature, top_p, top_k, seed, stop, min_p, typical_p, presence_penalty, frequency_penalty, repeat_last_n, mirostat*` | same names (non-OpenAI ones are llama-server/vLLM extensions) |
+//! | `options.repeat_penalty` | `repeat_penalty` (llama-server) and `repetition_penalty` (vLLM) |
+//! | `options.num_keep` | `n_keep` (llama-server) |
+//! | `options.num_ctx, num_gpu, num_thread, use_mmap, ...`, `keep_alive`, `template`, `context`, `truncate` | dropped: load-time or Ollama-only |
+//! | answer `choices[0].message.content` / `choices[0].text` | `message.content` (chat) / `response` (generate) |
+//! | `reasoning_content` / `reasoning` | `thinking` |
+//! | `tool_calls[].function.arguments` (JSON text) | `arguments` (object) |
+//! | `finish_reason` `stop` / `tool_calls` / `length` / null | `done_reason` `stop` / `stop` / `length` / `stop` |
+//! | `usage.prompt_tokens, completion_tokens` (else llama-server `timings.prompt_n, predicted_n`) | `prompt_eval_count, eval_count` |
+//! | llama-server `timings.prompt_ms, predicted_ms` (else the relay's clock, split at the first token) | `prompt_eval_duration, eval_duration` (ns) |
+//! | the relay's clock | `total_duration` (ns), `created_at` (RFC 3339, UTC); `load_duration` is 0 |
+//! | `data: {...}` SSE chunks, `data: [DONE]` | NDJSON lines `done: false`, then one `done: true` line with the counts |
+//! | `data: {"error": ...}` in a stream, or an error answer | `{"error": "..."}` |
+//!
+//! Ollama answers a request with nothing to generate (no messages, an empty prompt, no
+//! input) by loading the model, without generating; [`preload`] gives that answer, so
+//! `ollama run`'s warm-up call never reaches a backend, which would reject it.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+/// OpenAI route for chat and templated generate.
+pub const CHAT_PATH: &str = "/v1/chat/completions";
+/// OpenAI route for raw generate.
+pub const COMPLETIONS_PATH: &str = "/v1/completions";
+/// OpenAI route for both embedding endpoints.
+pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
+
+/// A partial SSE line or event longer than this is dropped rather than buffered
+/// without end: the stream comes from the network.
+const MAX_SSE_LINE: usize = 16 * 1024 * 1024;
+
+/// Which Ollama route a request came in on; it decides both request and answer shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Generate,
+    Embed,
+    LegacyEmbeddings,
+}
+
+impl Endpoint {
+    /// The endpoint for an Ollama path (query string already removed); `None` for
+    /// the routes this module does not translate (`/api/tags`, `/api/show`, ...).
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        match path.trim_end_matches('/') {
+            "/api/chat" => Some(Endpoint::Chat),
+            "/api/generate" => Some(Endpoint::Generate),
+            "/api/embed" => Some(Endpoint::Embed),
+            "/api/embeddings" => Some(Endpoint::LegacyEmbeddings),
+            _ => None,
+        }
+    }
+}
+
+/// An Ollama-shaped error: HTTP status and message; body is {"error": message}.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OllamaError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl OllamaError {
+    /// The client sent something Ollama itself would refuse.
+    fn bad_request(message: impl Into<String>) -> OllamaError {
+        OllamaError {
+            status: 400,
+            message: message.into(),
+        }
+    }
+
+    /// The backend answered something that is not an OpenAI answer.
+    fn bad_gateway(message: impl Into<String>) -> OllamaError {
+        OllamaError {
+            status: 502,
+            message: message.into(),
+        }
+    }
+
+    /// The JSON body to send with [`OllamaError::status`].
+    pub fn body(&self) -> String {
+        error_body(&self.message)
+    }
+}
+
+impl fmt::Display for OllamaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for OllamaError {}
+
+/// Ollama's error body, `{"error":"..."}`: the clients raise it with this message.
+pub fn error_body(message: &str) -> String {
+    json!({ "error": message }).to_string()
+}
+
+/// An OpenAI error answer (any status) as the Ollama error to send on: the backend's
+/// status stays, its message is lifted out of `{"error": {"message": ...}}`.
+pub fn error_from_openai(status: u16, body: &str) -> OllamaError {
+    let parsed = serde_json::from_str::<Value>(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(openai_error_message)
+        .or_else(|| {
+            parsed
+                .as_ref()
+                .and_then(|v| str_field(v, "message"))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| fallback_message(status, body));
+    OllamaError { status, message }
+}
+
+/// The body itself when it is short text, else a generic message.
+fn fallback_message(status: u16, body: &str) -> String {
+    let text = body.trim();
+    if text.is_empty() || text.len() > 1000 {
+        format!("backend error (HTTP {status})")
+    } else {
+        text.to_string()
+    }
+}
+
+/// The OpenAI request to forward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Translated {
+    pub path: &'static str,
+    pub body: String,
+    pub model: String,
+    pub stream: bool,
+}
+
+/// Translates an Ollama request body into the OpenAI request to forward.
+///
+/// Call [`preload`] first: a request with nothing to generate gets Ollama's load
+/// answer, which backends cannot give.
+pub fn request(endpoint: Endpoint, body: &[u8]) -> Result<Translated, OllamaError> {
+    let req = parse_request(body)?;
+    let model = required_model(&req)?;
+    match endpoint {
+        Endpoint::Chat => chat_request(&req, model),
+        Endpoint::Generate => generate_request(&req, model),
+        Endpoint::Embed => embed_request(&req, model),
+        Endpoint::LegacyEmbeddings => legacy_embeddings_request(&req, model),
+    }
+}
+
+/// Ollama's answer when the request only asks to load (or, with `keep_alive: 0`,
+/// unload) the model: chat without messages, generate with an empty prompt and no
+/// images, embed without input. `None` when there is something to generate (or the
+/// body is invalid; [`request`] reports that). The answer is one JSON object without
+/// a trailing newline, the same whether or not the client asked to stream.
+pub fn preload(endpoint: Endpoint, body: &[u8], now_unix_ms: u64) -> Option<String> {
+    let req = parse_request(body).ok()?;
+    let model = required_model(&req).ok()?;
+    let nothing_to_generate = match endpoint {
+        Endpoint::Chat => is_empty(req.get("messages")),
+        Endpoint::Generate => is_empty(req.get("prompt")) && is_empty(req.get("images")),
+        Endpoint::Embed => is_empty(req.get("input")),
+        Endpoint::LegacyEmbeddings => is_empty(req.get("prompt")),
+    };
+    if !nothing_to_generate {
+        return None;
+    }
+    let reason = if keep_alive_is_zero(req.get("keep_alive")) {
+        "unload"
+    } else {
+        "load"
+    };
+    let end = End {
+        done_reason: reason.to_string(),
+        metrics: None,
+    };
+    Some(match endpoint {
+        Endpoint::Chat | Endpoint::Generate => {
+            render(endpoint, &model, now_unix_ms, Piece::default(), Some(end))
+        }
+        Endpoint::Embed => json!({ "model": model, "embeddings": [] }).to_string(),
+        Endpoint::LegacyEmbeddings => json!({ "embedding": [] }).to_string(),
+    })
+}
+
+/// Absent, null, `""` and `[]` all mean "nothing to generate" to Ollama.
+fn is_empty(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => true,
+        Some(Value::String(s)) => s.is_empty(),
+        Some(Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    }
+}
+
+/// `keep_alive` of `0`, `"0"`, `"0s"`, `"0m"`...: the client asks to unload.
+fn keep_alive_is_zero(value: Option<&Value>) -> bool {
+    match value {
+        Some(Value::Number(n)) => n.as_f64() == Some(0.0),
+        Some(Value::String(s)) => {
+            let number = s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            number.parse::<f64>().ok() == Some(0.0)
+        }
+        _ => false,
+    }
+}
+
+/// The request body as a JSON object; Ollama answers 400 to anything else.
+fn parse_request(body: &[u8]) -> Result<Map<String, Value>, OllamaError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(OllamaError::bad_request("missing request body"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(OllamaError::bad_request(
+            "request body must be a JSON object",
+        )),
+        Err(e) => Err(OllamaError::bad_request(format!("invalid JSON: {e}"))),
+    }
+}
+
+/// `model` is the one field every endpoint requires.
+fn required_model(req: &Map<String, Value>) -> Result<String, OllamaError> {
+    match req.get("model") {
+        Some(Value::String(m)) if !m.trim().is_empty() => Ok(m.clone()),
+        _ => Err(OllamaError::bad_request("model is required")),
+    }
+}
+
+/// Ollama streams unless told `"stream": false`, the opposite of OpenAI's default.
+fn wants_stream(req: &Map<String, Value>) -> Result<bool, OllamaError> {
+    match req.get("stream") {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(OllamaError::bad_request("stream must be a boolean")),
+    }
+}
+
+/// A string field that may be absent or null but nothing else.
+fn optional_str<'a>(
+    req: &'a Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, OllamaError> {
+    match req.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(OllamaError::bad_request(format!("{key} must be a string"))),
+    }
+}
+
+fn translated(
+    path: &'static str,
+    out: Map<String, Value>,
+    model: String,
+    stream: bool,
+) -> Translated {
+    Translated {
+        path,
+        body: Value::Object(out).to_string(),
+        model,
+        stream,
+    }
+}
+
+fn chat_request(req: &Map<String, Value>, model: String) -> Result<Translated, OllamaError> {
+    let stream = wants_stream(req)?;
+    let mut out = Map::new();
+    out.insert("model".into(), model.clone().into());
+    out.insert(
+        "messages".into(),
+        Value::Array(chat_messages(req.get("messages"))?),
+    );
+    match req.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) if tools.is_empty() => {}
+        Some(tools @ Value::Array(_)) => {
+            out.insert("tools".into(), tools.clone());
+        }
+        Some(_) => return Err(OllamaError::bad_request("tools must be an array")),
+    }
+    apply_common(req, &mut out, stream)?;
+    Ok(translated(CHAT_PATH, out, model, stream))
+}
+
+fn generate_request(req: &Map<String, Value>, model: String) -> Result<Translated, OllamaError> {
+    let stream = wants_stream(req)?;
+    let prompt = optional_str(req, "prompt")?.unwrap_or_default();
+    let raw = matches!(req.get("raw"), Some(Value::Bool(true)));
+    let mut out = Map::new();
+    out.insert("model".into(), model.clone().into());
+    let path = if raw {
+        raw_prompt(req, prompt, &mut out)?;
+        COMPLETIONS_PATH
+    } else {
+        out.insert("messages".into(), generate_messages(req, prompt)?);
+        CHAT_PATH
+    };
+    apply_common(req, &mut out, stream)?;
+    Ok(translated(path, out, model, stream))
+}
+
+/// Raw mode skips the chat template, which only `/v1/completions` can do. Its
+/// `suffix` is the OpenAI parameter of the same name; images cannot go along.
+fn raw_prompt(
+    req: &Map<String, Value>,
+    prompt: &str,
+    out: &mut Map<String, Value>,
+) -> Result<(), OllamaError> {
+    out.insert("prompt".into(), prompt.into());
+    if let Some(suffix) = optional_str(req, "suffix")?.filter(|s| !s.is_empty()) {
+        out.insert("suffix".into(), suffix.into());
+    }
+    if !is_empty(req.get("images")) {
+        debug!("ollama generate: images dropped in raw mode");
+    }
+    Ok(())
+}
+
+/// Templated generate is a one-turn chat: `system` then the prompt (with images).
+/// `suffix` (fill-in-the-middle) has no chat equivalent and is dropped.
+fn generate_messages(req: &Map<String, Value>, prompt: &str) -> Result<Value, OllamaError> {
+    let mut messages = Vec::new();
+    if let Some(system) = optional_str(req, "system")?.filter(|s| !s.is_empty()) {
+        messages.push(json!({ "role": "system", "content": system }));
+    }
+    if optional_str(req, "suffix")?.is_some_and(|s| !s.is_empty()) {
+        debug!("ollama generate: suffix dropped (no chat equivalent)");
+    }
+    let images = image_parts(req.get("images"))?;
+    let content = with_images(Value::String(prompt.to_string()), images);
+    messages.push(json!({ "role": "user", "content": content }));
+    Ok(Value::Array(messages))
+}
+
+fn embed_request(req: &Map<String, Value>, model: String) -> Result<Translated, OllamaError> {
+    let input = match req.get("input") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![Value::String(s.clone())],
+        Some(Value::Array(list)) if list.iter().all(Value::is_string) => list.clone(),
+        Some(_) => {
+            return Err(OllamaError::bad_request(
+                "input must be a string or an array of strings",
+            ))
+        }
+    };
+    let mut out = Map::new();
+    out.insert("model".into(), model.clone().into());
+    out.insert("input".into(), Value::Array(input));
+    if let Some(dimensions) = req.get("dimensions").filter(|d| d.is_number()) {
+        out.insert("dimensions".into(), dimensions.clone());
+    }
+    Ok(translated(EMBEDDINGS_PATH, out, model, false))
+}
+
+fn legacy_embeddings_request(
+    req: &Map<String, Value>,
+    model: String,
+) -> Result<Translated, OllamaError> {
+    let prompt = optional_str(req, "prompt")?.unwrap_or_default();
+    let mut out = Map::new();
+    out.insert("model".into(), model.clone().into());
+    out.insert("input".into(), json!([prompt]));
+    Ok(translated(EMBEDDINGS_PATH, out, model, false))
+}
+
+/// The parts chat and generate share: sampling options, format, think, stream.
+fn apply_common(
+    req: &Map<String, Value>,
+    out: &mut Map<String, Value>,
+    stream: bool,
+) -> Result<(), OllamaError> {
+    apply_options(req.get("options"), out)?;
+    apply_format(req.get("format"), out)?;
+    if let Some(think) = req.get("think").filter(|t| !t.is_null()) {
+        out.insert("think".into(), think.clone());
+    }
+    out.insert("stream".into(), stream.into());
+    if stream {
+        // Without this, OpenAI-style backends send no counts in a stream.
+        out.insert("stream_options".into(), json!({ "include_usage": true }));
+    }
+    Ok(())
+}
+
+/// Ollama options whose OpenAI (or llama-server/vLLM extension) field has the same name.
+const SAME_NAME_OPTIONS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "min_p",
+    "typical_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repeat_last_n",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+];
+
+/// Sampling options become top-level fields; load-time ones (`num_ctx`, `num_gpu`...)
+/// belong to whoever started the backend and are dropped.
+fn apply_options(options: Option<&Value>, out: &mut Map<String, Value>) -> Result<(), OllamaError> {
+    let options = match options {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(OllamaError::bad_request("options must be an object")),
+    };
+    for (key, value) in options.iter().filter(|(_, v)| !v.is_null()) {
+        match key.as_str() {
+            "num_predict" => {
+                if let Some(n) = positive_int(value) {
+                    out.insert("max_tokens".into(), n.into());
+                }
+            }
+            "num_keep" => {
+                out.insert("n_keep".into(), value.clone());
+            }
+            "repeat_penalty" => {
+                out.insert("repeat_penalty".into(), value.clone());
+                out.insert("repetition_penalty".into(), value.clone());
+            }
+            name if SAME_NAME_OPTIONS.contains(&name) => {
+                out.insert(name.to_string(), value.clone());
+            }
+            other => debug!("ollama option {other} dropped"),
+        }
+    }
+    Ok(())
+}
+
+/// `num_predict` as a token limit: −1 (unlimited), −2 (fill the context) and 0 have
+/// no `max_tokens` equivalent, so they leave the backend's default.
+fn positive_int(value: &Value) -> Option<u64> {
+    let n = value
+        .as_i64()
+        .or_else(|| value.as_f64().map(|f| f as i64))?;
+    u64::try_from(n).ok().filter(|n| *n > 0)
+}
+
+/// `format: "json"` is JSON mode; an object is a JSON schema (structured outputs).
+fn apply_format(format: Option<&Value>, out: &mut Map<String, Value>) -> Result<(), OllamaError> {
+    let response_format = match format {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(s)) if s.is_empty() => return Ok(()),
+        Some(Value::String(s)) if s == "json" => json!({ "type": "json_object" }),
+        Some(schema @ Value::Object(_)) => json!({
+            "type": "json_schema",
+            "json_schema": { "name": "schema", "schema": schema },
+        }),
+        Some(_) => {
+            return Err(OllamaError::bad_request(
+                "invalid format: expected \"json\" or a JSON schema object",
+            ))
+        }
+    };
+    out.insert("response_format".into(), response_format);
+    Ok(())
+}
+
+/// Ids for the tool calls in a conversation. Ollama's calls carry none, OpenAI's
+/// `tool` messages must name the call they answer, so calls get `call_N` and each
+/// tool result is paired with an unanswered call of the latest assistant turn.
+#[derive(Default)]
+struct CallIds {
+    next: usize,
+    /// (id, function name) of the latest assistant turn's calls not yet answered.
+    pending: Vec<(String, String)>,
+}
+
+impl CallIds {
+    /// A new assistant turn: earlier unanswered calls can no longer be answered.
+    fn new_turn(&mut self) {
+        self.pending.clear();
+    }
+
+    fn assign(&mut self, given: Option<&str>, name: &str) -> String {
+        let id = match given.filter(|id| !id.is_empty()) {
+            Some(id) => id.to_string(),
+            None => format!("call_{}", self.next),
+        };
+        self.next += 1;
+        self.pending.push((id.clone(), name.to_string()));
+        id
+    }
+
+    /// The id a tool result answers: its own `tool_call_id` if it has one, else the
+    /// first pending call with its `tool_name`, else the first pending call.
+    fn answer(&mut self, explicit: Option<&str>, tool_name: Option<&str>) -> Option<String> {
+        let position = match (explicit, tool_name) {
+            (Some(id), _) => {
+                self.pending.retain(|(pending, _)| pending != id);
+                return Some(id.to_string());
+            }
+            (None, Some(name)) => self.pending.iter().position(|(_, n)| n == name),
+            (None, None) => None,
+        };
+        let position = position.or(if self.pending.is_empty() {
+            None
+        } else {
+            Some(0)
+        })?;
+        Some(self.pending.remove(position).0)
+    }
+}
+
+fn chat_messages(messages: Option<&Value>) -> Result<Vec<Value>, OllamaError> {
+    let list = match messages {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(OllamaError::bad_request("messages must be an array")),
+    };
+    let mut calls = CallIds::default();
+    list.iter().map(|m| chat_message(m, &mut calls)).collect()
+}
+
+fn chat_message(message: &Value, calls: &mut CallIds) -> Result<Value, OllamaError> {
+    let Value::Object(m) = message else {
+        return Err(OllamaError::bad_request("each message must be an object"));
+    };
+    // Ollama lowercases roles; OpenAI backends only know the lowercase ones.
+    let role = optional_str(m, "role")?
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let mut out = Map::new();
+    out.insert("role".into(), role.clone().into());
+    out.insert("content".into(), message_content(m)?);
+    match role.as_str() {
+        "assistant" => {
+            calls.new_turn();
+            if let Some(tool_calls) = openai_tool_calls(m.get("tool_calls"), calls)? {
+                out.insert("tool_calls".into(), tool_calls);
+            }
+        }
+        "tool" => {
+            let explicit = optional_str(m, "tool_call_id")?;
+            let name = optional_str(m, "tool_name")?.or(optional_str(m, "name")?);
+            if let Some(id) = calls.answer(explicit, name) {
+                out.insert("tool_call_id".into(), id.into());
+            }
+        }
+        _ => {}
+    }
+    Ok(Value::Object(out))
+}
+
+/// Text content plus `images` as OpenAI content parts. A client that already sends
+/// OpenAI-style part lists is passed through.
+fn message_content(m: &Map<String, Value>) -> Result<Value, OllamaError> {
+    let text = match m.get("content") {
+        None | Some(Value::Null) => Value::String(String::new()),
+        Some(content @ (Value::String(_) | Value::Array(_))) => content.clone(),
+        Some(_) => return Err(OllamaError::bad_request("message content must be a string")),
+    };
+    Ok(with_images(text, image_parts(m.get("images"))?))
+}
+
+/// Content with images appended as parts; plain text when there are none, since
+/// text-only backends may not accept part lists.
+fn with_images(text: Value, images: Vec<Value>) -> Value {
+    if images.is_empty() {
+        return text;
+    }
+    let mut parts = match text {
+        Value::Array(parts) => parts,
+        Value::String(s) if !s.is_empty() => vec![json!({ "type": "text", "text": s })],
+        _ => Vec::new(),
+    };
+    parts.extend(images);
+    Value::Array(parts)
+}
+
+fn image_parts(images: Option<&Value>) -> Result<Vec<Value>, OllamaError> {
+    let list = match images {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(OllamaError::bad_request("images must be an array")),
+    };
+    list.iter()
+        .map(|image| {
+            let b64 = image
+                .as_str()
+                .ok_or_else(|| OllamaError::bad_request("images must be base64 strings"))?;
+            Ok(json!({ "type": "image_url", "image_url": { "url": image_url(b64) } }))
+        })
+        .collect()
+}
+
+/// A `data:` URL for a bare base64 image (URLs pass unchanged). Ollama's images
+/// carry no type, so it is sniffed from the encoded magic bytes; PNG if unknown.
+pub fn image_url(b64: &str) -> String {
+    let b64 = b64.trim();
+    if b64.starts_with("data:") || b64.starts_with("http://") || b64.starts_with("https://") {
+        return b64.to_string();
+    }
+    format!("data:{};base64,{b64}", image_mime(b64))
+}
+
+/// MIME type from the base64 of the file's first bytes.
+fn image_mime(b64: &str) -> &'static str {
+    const MAGIC: &[(&str, &str)] = &[
+        ("/9j/", "image/jpeg"),
+        ("iVBORw0KGgo", "image/png"),
+        ("R0lGOD", "image/gif"),
+        ("UklGR", "image/webp"),
+    ];
+    MAGIC
+        .iter()
+        .find(|(prefix, _)| b64.starts_with(prefix))
+        .map_or("image/png", |(_, mime)| mime)
+}
+
+/// Ollama assistant tool calls (arguments as an object) as OpenAI ones (arguments
+/// as JSON text, with an id and `type`).
+fn openai_tool_calls(
+    tool_calls: Option<&Value>,
+    calls: &mut CallIds,
+) -> Result<Option<Value>, OllamaError> {
+    let list = match tool_calls {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(list)) if list.is_empty() => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(OllamaError::bad_request("tool_calls must be an array")),
+    };
+    let converted = list
+        .iter()
+        .map(|call| openai_tool_call(call, calls))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(Value::Array(converted)))
+}
+
+fn openai_tool_call(call: &Value, calls: &mut CallIds) -> Result<Value, OllamaError> {
+    let function = call
+        .get("function")
+        .filter(|f| f.is_object())
+        .ok_or_else(|| OllamaError::bad_request("tool call without function"))?;
+    let name = str_field(function, "name").unwrap_or_default();
+    let arguments = match function.get("arguments") {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::String(text)) => text.clone(),
+        Some(object) => object.to_string(),
+    };
+    let id = calls.assign(str_field(call, "id"), name);
+    Ok(json!({
+        "id": id,
+        "type": "function",
+        "function": { "name": name, "arguments": arguments },
+    }))
+}
+
+/// What the caller measured around a non-streamed backend answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// From the request's arrival to the answer.
+    pub total: Duration,
+    /// From the request's arrival to the first byte of the answer, if known; splits
+    /// `total` into prompt and generation time when the backend reports no timings.
+    pub first_token: Option<Duration>,
+    /// Wall clock for `created_at`.
+    pub now_unix_ms: u64,
+}
+
+/// Non-streamed OpenAI answer (status 200 JSON body) → the Ollama JSON answer.
+pub fn response(
+    endpoint: Endpoint,
+    model: &str,
+    openai_body: &str,
+    timing: &Timing,
+) -> Result<String, OllamaError> {
+    let answer = parse_answer(openai_body)?;
+    match endpoint {
+        Endpoint::Chat | Endpoint::Generate => completion_answer(endpoint, model, &answer, timing),
+        Endpoint::Embed => embed_answer(model, &answer, timing),
+        Endpoint::LegacyEmbeddings => legacy_embeddings_answer(&answer),
+    }
+}
+
+/// The backend's body as a JSON object; an error object in a 200 is still an error.
+fn parse_answer(body: &str) -> Result<Value, OllamaError> {
+    let value: Value = serde_json::from_str(body)
+        .map_err(|e| OllamaError::bad_gateway(format!("backend sent invalid JSON: {e}")))?;
+    if let Some(message) = openai_error_message(&value) {
+        return Err(OllamaError::bad_gateway(message));
+    }
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err(OllamaError::bad_gateway(
+            "backend answer is not a JSON object",
+        ))
+    }
+}
+
+/// The message of an OpenAI error object: `{"error": {"message"}}`, `{"error": "..."}`
+/// or vLLM's `{"object": "error", "message"}`.
+fn openai_error_message(value: &Value) -> Option<String> {
+    match value.get("error") {
+        Some(Value::String(s)) => return Some(s.clone()),
+        Some(error @ Value::Object(_)) => {
+            let message = str_field(error, "message").unwrap_or("backend error");
+            return Some(message.to_string());
+        }
+        _ => {}
+    }
+    if str_field(value, "object") == Some("error") {
+        return Some(
+            str_field(value, "message")
+                .unwrap_or("backend error")
+                .to_string(),
+        );
+    }
+    None
+}
+
+fn completion_answer(
+    endpoint: Endpoint,
+    model: &str,
+    answer: &Value,
+    timing: &Timing,
+) -> Result<String, OllamaError> {
+    let choice = first_choice(answer)
+        .ok_or_else(|| OllamaError::bad_gateway("backend answer has no choices"))?;
+    let message = choice.get("message");
+    let content = message
+        .and_then(|m| str_field(m, "content"))
+        .or_else(|| str_field(choice, "text"))
+        .unwrap_or_default();
+    let tool_calls = message
+        .and_then(|m| m.get("tool_calls"))
+        .map(ollama_tool_calls)
+        .unwrap_or_default();
+    let piece = Piece {
+        content,
+        thinking: message.and_then(reasoning).filter(|t| !t.is_empty()),
+        tool_calls,
+    };
+    let mut usage = Usage::default();
+    usage.read(answer);
+    let prompt_eval = timing.first_token.unwrap_or_default();
+    let end = End {
+        done_reason: done_reason(str_field(choice, "finish_reason")),
+        metrics: Some(metrics(timing.total, prompt_eval, &usage)),
+    };
+    Ok(render(
+        endpoint,
+        model,
+        timing.now_unix_ms,
+        piece,
+        Some(end),
+    ))
+}
+
+/// Choice 0 (by `index`, else the first): Ollama has no `n`.
+fn first_choice(chunk: &Value) -> Option<&Value> {
+    let choices = chunk.get("choices")?.as_array()?;
+    choices
+        .iter()
+        .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+}
+
+/// Reasoning text: `reasoning_content` (llama-server, DeepSeek) or `reasoning` (vLLM).
+fn reasoning(message: &Value) -> Option<&str> {
+    str_field(message, "reasoning_content").or_else(|| str_field(message, "reasoning"))
+}
+
+/// Ollama has no `tool_calls` done reason: a turn that calls tools just stops.
+fn done_reason(finish_reason: Option<&str>) -> String {
+    match finish_reason {
+        None | Some("" | "stop" | "tool_calls" | "function_call") => "stop".to_string(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn ollama_tool_calls(tool_calls: &Value) -> Vec<OutToolCall> {
+    let Some(list) = tool_calls.as_array() else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|call| {
+            let function = call.get("function")?;
+            Some(OutToolCall::new(
+                str_field(function, "name").unwrap_or_default().to_string(),
+                arguments_object(function.get("arguments")),
+            ))
+        })
+        .collect()
+}
+
+/// OpenAI arguments (JSON text; some backends send an object) as the object Ollama
+/// clients expect.
+fn arguments_object(arguments: Option<&Value>) -> Value {
+    match arguments {
+        Some(Value::String(text)) => parse_arguments(text),
+        Some(object @ Value::Object(_)) => object.clone(),
+        _ => json!({}),
+    }
+}
+
+/// Ollama clients type arguments as a mapping, so text that is not a JSON object
+/// becomes `{}` (logged) rather than a value they would fail to decode.
+fn parse_arguments(text: &str) -> Value {
+    if text.trim().is_empty() {
+        return json!({});
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(object @ Value::Object(_)) => object,
+        _ => {
+            warn!("ollama: tool call arguments are not a JSON object: {text:.200}");
+            json!({})
+        }
+    }
+}
+
+fn embed_answer(model: &str, answer: &Value, timing: &Timing) -> Result<String, OllamaError> {
+    let mut usage = Usage::default();
+    usage.read(answer);
+    let body = EmbedAnswer {
+        model,
+        embeddings: embedding_vectors(answer)?,
+        total_duration: nanos(timing.total),
+        load_duration: 0,
+        prompt_eval_count: usage.counts().0,
+    };
+    Ok(to_json(&body))
+}
+
+fn legacy_embeddings_answer(answer: &Value) -> Result<String, OllamaError> {
+    let first = embedding_vectors(answer)?.into_iter().next();
+    Ok(json!({ "embedding": first.unwrap_or_else(|| json!([])) }).to_string())
+}
+
+/// The vectors of `data[]` in `index` order, numbers passed through untouched.
+fn embedding_vectors(answer: &Value) -> Result<Vec<Value>, OllamaError> {
+    let data = answer
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| OllamaError::bad_gateway("backend answer has no data"))?;
+    let mut items = Vec::with_capacity(data.len());
+    for (position, item) in data.iter().enumerate() {
+        let index = item
+            .get("index")
+            .and_then(Value::as_u64)
+            .unwrap_or(position as u64);
+        match item.get("embedding") {
+            Some(vector @ Value::Array(_)) => items.push((index, vector.clone())),
+            _ => {
+                return Err(OllamaError::bad_gateway(
+                    "backend embedding is not a list of numbers",
+                ))
+            }
+        }
+    }
+    items.sort_by_key(|(index, _)| *index);
+    Ok(items.into_iter().map(|(_, vector)| vector).collect())
+}
+
+#[derive(Serialize)]
+struct EmbedAnswer<'a> {
+    model: &'a str,
+    embeddings: Vec<Value>,
+    total_duration: u64,
+    load_duration: u64,
+    prompt_eval_count: u64,
+}
+
+/// Token counts and backend timings, from `usage` or llama-server's `timings`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_n: Option<u64>,
+    predicted_n: Option<u64>,
+    prompt_ms: Option<f64>,
+    predicted_ms: Option<f64>,
+}
+
+impl Usage {
+    /// Takes whatever counts and timings an answer or chunk carries; later values win.
+    fn read(&mut self, chunk: &Value) {
+        if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.prompt_tokens = u64_field(usage, "prompt_tokens").or(self.prompt_tokens);
+            self.completion_tokens =
+                u64_field(usage, "completion_tokens").or(self.completion_tokens);
+        }
+        if let Some(timings) = chunk.get("timings").filter(|t| t.is_object()) {
+            self.prompt_n = u64_field(timings, "prompt_n").or(self.prompt_n);
+            self.predicted_n = u64_field(timings, "predicted_n").or(self.predicted_n);
+            self.prompt_ms = f64_field(timings, "prompt_ms").or(self.prompt_ms);
+            self.predicted_ms = f64_field(timings, "predicted_ms").or(self.predicted_ms);
+        }
+    }
+
+    /// (prompt, completion) tokens; `usage` wins over `timings`, 0 when unknown.
+    fn counts(&self) -> (u64, u64) {
+        (
+            self.prompt_tokens.or(self.prompt_n).unwrap_or(0),
+            self.completion_tokens.or(self.predicted_n).unwrap_or(0),
+        )
+    }
+
+    /// The backend's own (prompt, generation) times, when it reports both.
+    fn backend_durations(&self) -> Option<(Duration, Duration)> {
+        let prompt = Duration::try_from_secs_f64(self.prompt_ms? / 1000.0).ok()?;
+        let predicted = Duration::try_from_secs_f64(self.predicted_ms? / 1000.0).ok()?;
+        Some((prompt, predicted))
+    }
+}
+
+/// Ollama's final-answer statistics, all durations in nanoseconds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+struct Metrics {
+    total_duration: u64,
+    load_duration: u64,
+    prompt_eval_count: u64,
+    prompt_eval_duration: u64,
+    eval_count: u64,
+    eval_duration: u64,
+}
+
+/// Statistics from the relay's clock (`prompt_eval` = time to the first token), unless
+/// the backend measured its own prompt and generation time, which is more exact.
+fn metrics(total: Duration, prompt_eval: Duration, usage: &Usage) -> Metrics {
+    let prompt_eval = prompt_eval.min(total);
+    let (prompt_eval, eval) = usage
+        .backend_durations()
+        .unwrap_or((prompt_eval, total - prompt_eval));
+    let (prompt_count, eval_count) = usage.counts();
+    Metrics {
+        total_duration: nanos(total),
+        load_duration: 0,
+        prompt_eval_count: prompt_count,
+        prompt_eval_duration: nanos(prompt_eval),
+        eval_count,
+        eval_duration: nanos(eval),
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One Ollama tool call: arguments are an object, and there is no id.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+struct OutToolCall {
+    function: OutFunction,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+struct OutFunction {
+    name: String,
+    arguments: Value,
+}
+
+impl OutToolCall {
+    fn new(name: String, arguments: Value) -> OutToolCall {
+        OutToolCall {
+            function: OutFunction { name, arguments },
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct OutMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutToolCall>,
+}
+
+/// One chat or generate object. Field order follows Ollama's own output (serde keeps
+/// struct order), which keeps lines readable next to real Ollama logs.
+#[derive(Serialize)]
+struct Line<'a> {
+    model: &'a str,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<OutMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    done_reason: Option<String>,
+    done: bool,
+    #[serde(flatten)]
+    metrics: Option<Metrics>,
+}
+
+/// What one object says: text, thinking, tool calls.
+#[derive(Default)]
+struct Piece<'a> {
+    content: &'a str,
+    thinking: Option<&'a str>,
+    tool_calls: Vec<OutToolCall>,
+}
+
+/// What the last object adds: why it ended and the statistics.
+struct End {
+    done_reason: String,
+    metrics: Option<Metrics>,
+}
+
+/// Renders one object without a trailing newline: chat carries `message`, generate
+/// carries `response` (and `thinking` at top level, as Ollama's generate does).
+fn render(
+    endpoint: Endpoint,
+    model: &str,
+    unix_ms: u64,
+    piece: Piece<'_>,
+    end: Option<End>,
+) -> String {
+    let chat = endpoint == Endpoint::Chat;
+    let (done_reason, metrics) = match end {
+        Some(end) => (Some(end.done_reason), end.metrics),
+        None => (None, None),
+    };
+    let line = Line {
+        model,
+        created_at: rfc3339(unix_ms),
+        message: chat.then_some(OutMessage {
+            role: "assistant",
+            content: piece.content,
+            thinking: piece.thinking,
+            tool_calls: piece.tool_calls,
+        }),
+        response: (!chat).then_some(piece.content),
+        thinking: if chat { None } else { piece.thinking },
+        done: done_reason.is_some(),
+        done_reason,
+        metrics,
+    };
+    to_json(&line)
+}
+
+/// Serializes an answer; our own types cannot fail, but a network-facing path must not
+/// panic, so a failure becomes an error object.
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value)
+        .unwrap_or_else(|e| error_body(&format!("cannot encode answer: {e}")))
+}
+
+fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
+}
+
+/// Counts may arrive as floats from some backends (`12.0`).
+fn u64_field(value: &Value, key: &str) -> Option<u64> {
+    let field = value.get(key)?;
+    field.as_u64().or_else(|| {
+        field
+            .as_f64()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+            .map(|f| f as u64)
+    })
+}
+
+fn f64_field(value: &Value, key: &str) -> Option<f64> {
+    value.get(key).and_then(Value::as_f64)
+}
+
+/// `unix_ms` as RFC 3339 UTC with milliseconds, e.g. "2024-05-01T12:34:56.789Z",
+/// for `created_at`.
+pub fn rfc3339(unix_ms: u64) -> String {
+    const MS_PER_DAY: u64 = 86_400_000;
+    let (year, month, day) = civil_from_days(unix_ms / MS_PER_DAY);
+    let ms = unix_ms % MS_PER_DAY;
+    let secs = ms / 1000;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        ms % 1000
+    )
+}
+
+/// (year, month, day) of a day count since 1970-01-01, by Howard Hinnant's
+/// `civil_from_days` (proleptic Gregorian, eras of 400 years), unsigned since the
+/// input never precedes the epoch.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468; // days since 0000-03-01
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+mod stream;
+pub use stream::StreamConverter;
+
+#[cfg(test)]
+mod tests;
