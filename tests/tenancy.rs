@@ -472,3 +472,62 @@ fn tenant_metrics_are_exposed() {
     ));
     assert!(text.contains("# TYPE modelrelay_rate_limited_total counter"));
 }
+
+#[test]
+fn a_backend_error_after_progress_notes_ends_the_stream_with_one_error_event() {
+    let server = TestServer::start();
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    let mut first = open_chat(server.addr, "m", false);
+    let running = worker.request();
+    let mut s = send_request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("m", true)),
+        &[("x-queue-updates", "true")],
+    );
+    let mut reader = BufReader::new(&mut s);
+    assert_eq!(
+        read_head(&mut reader).0,
+        200,
+        "the head goes out while it waits"
+    );
+    worker.complete(&running.request_id, 200, "{}");
+    assert_eq!(read_response(&mut first).status, 200);
+    let req = worker.request();
+    let err = json!({"error": {"message": "prompt too long", "type": "invalid_request_error"}});
+    worker.complete(&req.request_id, 400, &err.to_string());
+    let mut body = String::new();
+    while let Some(chunk) = read_chunk(&mut reader) {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events: Vec<&str> = body.lines().filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(events.len(), 1, "{body}");
+    let e: Value = serde_json::from_str(&events[0][6..]).expect("json");
+    assert_eq!(e["error"]["message"], "prompt too long", "{body}");
+}
+
+#[test]
+fn absurd_token_counts_from_a_worker_do_not_break_accounting() {
+    let server = TestServer::start_with(|c| {
+        c.tenancy
+            .tokens
+            .insert("t".into(), Rate::parse_tokens("1000tok/min").expect("rate"));
+    });
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    for tenant in ["free", "t"] {
+        let mut s = chat_as(server.addr, tenant, None, false);
+        let req = worker.request();
+        worker.send(json!({
+            "type": "response_complete", "request_id": req.request_id, "status_code": 200,
+            "body": "{}", "token_counts": {"prompt_tokens": u64::MAX, "completion_tokens": 1}
+        }));
+        assert_eq!(read_response(&mut s).status, 200);
+    }
+    // The budget is spent (clamped to one window), not wrapped around.
+    let r = read_response(&mut chat_as(server.addr, "t", None, false));
+    assert_eq!(r.status, 429);
+    let text = request(server.addr, "GET", "/metrics", None, &[]).text();
+    assert!(text.contains("modelrelay_tokens_total"), "{text}");
+    assert_eq!(server.health()["status"], "ok");
+}

@@ -462,3 +462,21 @@ fn backend_500_and_4xx_pass_through_as_before() {
     assert!(!s.sent_any("error"), "{:#?}", s.history.lock());
     assert!(!s.sent_any("backend_status"));
 }
+
+#[test]
+fn toward_a_server_without_failover_502_503_504_pass_through_as_before() {
+    // An original ModelRelay server cannot run a request elsewhere: it gets the
+    // backend's own answer (status, body), not a retryable error.
+    let server = FakeServer::start(&[]);
+    let running = backend();
+    let _w = worker(&server, running.addr, "m");
+    let s = server.session();
+    for (i, (stream, status)) in [(false, 503), (true, 502)].into_iter().enumerate() {
+        let id = format!("r{i}");
+        s.request(&id, &format!("status:{status}"), stream);
+        let (_, done) = s.outcome(&id);
+        assert_eq!(done["type"], "response_complete", "{done}");
+        assert_eq!(done["status_code"], status);
+    }
+    assert!(!s.sent_any("error"), "{:#?}", s.history.lock());
+}

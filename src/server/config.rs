@@ -240,7 +240,9 @@ impl ServerConfig {
             state_dir: s.string("state-dir", "/var/lib/modelrelay").into(),
             tls: tls_files(s)?,
             tenancy: Policy::from_env(
-                std::env::vars(),
+                // Entries that are not UTF-8 cannot name a tenant: skipped, not fatal.
+                std::env::vars_os()
+                    .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
                 s.get("default-rate-limit"),
                 s.get("default-token-limit"),
             )

@@ -106,6 +106,17 @@ impl ApiError {
         value.to_string()
     }
 
+    /// A backend's error answer (OpenAI or plain shape) as an error of ours, same status.
+    pub fn from_backend(status: u16, body: &str) -> ApiError {
+        let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let message = v["error"]["message"]
+            .as_str()
+            .or_else(|| v["error"].as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| body.chars().take(512).collect());
+        ApiError::new(status, "backend_error", message)
+    }
+
     /// 429 for a full queue, with the wait the client should expect.
     fn backpressure(code: &str, message: &str, bp: &Backpressure) -> ApiError {
         ApiError::new(429, code, message)

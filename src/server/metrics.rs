@@ -128,8 +128,8 @@ impl TenantStats {
             }
             self.recent_waits.push_back(w);
         }
-        self.tokens_in += f.tokens.0;
-        self.tokens_out += f.tokens.1;
+        self.tokens_in = self.tokens_in.saturating_add(f.tokens.0);
+        self.tokens_out = self.tokens_out.saturating_add(f.tokens.1);
     }
 }
 
@@ -200,8 +200,8 @@ impl HttpMetrics {
         if let Some(key) = f.key {
             let usage = m.keys.entry(key.to_string()).or_default();
             usage.requests += 1;
-            usage.tokens_in += f.tokens.0;
-            usage.tokens_out += f.tokens.1;
+            usage.tokens_in = usage.tokens_in.saturating_add(f.tokens.0);
+            usage.tokens_out = usage.tokens_out.saturating_add(f.tokens.1);
         }
     }
 

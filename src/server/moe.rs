@@ -625,6 +625,9 @@ impl Rename {
     }
 }
 
+/// Longest unfinished SSE line held back to rename its `model`.
+const MAX_PARTIAL_LINE: usize = 1 << 20;
+
 impl Reshape for Rename {
     fn stream_type(&self) -> &'static str {
         "text/event-stream"
@@ -633,6 +636,10 @@ impl Reshape for Rename {
     fn chunk(&mut self, chunk: &str) -> String {
         self.partial.push_str(chunk);
         let Some(cut) = self.partial.rfind('\n') else {
+            // A backend that never ends its line: pass it on rather than grow without end.
+            if self.partial.len() > MAX_PARTIAL_LINE {
+                return std::mem::take(&mut self.partial);
+            }
             return String::new();
         };
         let complete: String = self.partial.drain(..=cut).collect();

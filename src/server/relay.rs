@@ -109,7 +109,9 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         Ok(rate) => rate,
         Err(e) => return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller)),
     };
+    // Progress notes are SSE comments: not for reshaped (Ollama NDJSON) answers.
     let progress = job.stream
+        && job.reshape.is_none()
         && req
             .header("x-queue-updates")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
@@ -392,6 +394,14 @@ impl Session<'_, '_> {
                     extra.iter().map(|(n, v)| (*n, v.as_str())).collect();
                 buf.extend_from_slice(&error_response(self.style, &e, self.keep_alive, &extra));
             }
+            (Some(framing), ClientEvent::Complete(rc)) if rc.status_code >= 400 => {
+                // The head went out early (queue progress notes) and the backend then
+                // refused: its error becomes the stream's one error event.
+                let body = rc.body.as_deref().unwrap_or("");
+                let e = ApiError::from_backend(rc.status_code, body);
+                response::push_chunk(buf, e.sse_event(self.style).as_bytes(), framing);
+                response::push_end(buf, framing);
+            }
             (Some(framing), ClientEvent::Complete(rc)) => {
                 let rest = rc.body.as_deref().unwrap_or("");
                 let tail = match &mut self.reshape {
@@ -461,7 +471,7 @@ impl Session<'_, '_> {
         let seen = self.reshape.as_ref().map(|r| r.tokens());
         if let Some(tokens) = reported.or(seen).filter(|t| *t != (0, 0)) {
             self.tokens = tokens;
-            let used = self.tokens.0 + self.tokens.1;
+            let used = self.tokens.0.saturating_add(self.tokens.1);
             self.ctx
                 .gate
                 .charge(&self.caller.who.tenant, used, Instant::now());

@@ -153,11 +153,14 @@ impl Backend {
 
     /// Runs one request to completion on `agent`, sending protocol messages through
     /// `emit`. After a stale-connection retry `agent` is replaced by a fresh one.
+    /// `failover`: the server runs a retryable failure elsewhere, so a 502/503/504 is
+    /// reported as one; any other server gets the backend's answer as it is.
     pub fn forward(
         &self,
         agent: &mut ureq::Agent,
         req: &RequestMessage,
         handle: &Handle,
+        failover: bool,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
         let mut retried = false;
@@ -186,7 +189,7 @@ impl Backend {
         let status = response.status().as_u16();
         let headers = response_headers(&response);
         let reader = response.into_body().into_reader();
-        if UNAVAILABLE_STATUSES.contains(&status) {
+        if failover && UNAVAILABLE_STATUSES.contains(&status) {
             // Nothing went to the server yet, so this can still run elsewhere.
             return unavailable(status, reader, handle);
         }

@@ -84,6 +84,8 @@ pub struct Link {
     pub server_drain: bool,
     /// The server understands `backend_status`.
     pub backend_health: bool,
+    /// The server reads `error.retryable` and runs such requests elsewhere.
+    pub failover: bool,
     /// What the server was last told about models and backend (see `health::sync`).
     pub told: Arc<parking_lot::Mutex<Told>>,
 }
@@ -129,6 +131,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         out: out.clone(),
         server_drain: has(protocol::FEATURE_WORKER_DRAIN),
         backend_health: has(protocol::FEATURE_BACKEND_HEALTH),
+        failover: has(protocol::FEATURE_FAILOVER),
         told: Arc::new(parking_lot::Mutex::new(told)),
     };
     *shared.session.lock() = Some(link.clone());

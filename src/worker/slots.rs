@@ -164,9 +164,10 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
             "forwarding request {}: {} {} (stream: {})",
             job.req.request_id, job.req.model, job.req.endpoint_path, job.req.is_streaming
         );
+        let failover = shared.session.lock().as_ref().is_some_and(|l| l.failover);
         shared
             .backend
-            .forward(agent, &job.req, &job.handle, &mut emit)
+            .forward(agent, &job.req, &job.handle, failover, &mut emit)
     } else {
         Outcome::Cancelled
     };

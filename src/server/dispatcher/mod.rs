@@ -253,6 +253,8 @@ struct Request {
     /// Where it stood in the queue, kept so a requeue puts it back there.
     place: Option<Place>,
     progress: bool,
+    /// When its pending progress note is due (one chain of them per request).
+    progress_at: Option<Instant>,
     requeues: u32,
     /// Workers this request failed on before their backend answered (failover).
     failed_on: Vec<WorkerId>,

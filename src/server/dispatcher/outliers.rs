@@ -124,6 +124,9 @@ impl Dispatcher {
         self.counters.ejections += 1;
         self.models_version += 1;
         self.timers.insert((until, Timer::Readmit(worker)));
+        // A request that waited for this worker rather than go back to one it failed
+        // on may take that one now.
+        self.fill_all(now);
     }
 
     /// Whether ejecting `worker` keeps at least half of the workers of each of its models,
@@ -189,7 +192,9 @@ impl Dispatcher {
             }
         }
         self.models_version += 1;
-        self.fill_worker(worker, now);
+        // Up: it takes work. Down: requests that avoided other workers for it may go
+        // back to them now.
+        self.fill_all(now);
     }
 
     /// Every worker that advertises `model` is down or ejected (and there is one): the

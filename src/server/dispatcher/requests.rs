@@ -48,6 +48,7 @@ impl Dispatcher {
             queue_deadline,
             place: None,
             progress,
+            progress_at: None,
             requeues: 0,
             failed_on: Vec::new(),
             stage: Stage::Queued,
@@ -144,9 +145,10 @@ impl Dispatcher {
 
     /// Tells a waiting client that asked for progress where it stands, once a second.
     pub(super) fn tell_progress(&mut self, id: RequestId, now: Instant) {
-        let Some(req) = self.requests.get(&id) else {
+        let Some(req) = self.requests.get_mut(&id) else {
             return;
         };
+        req.progress_at = None;
         if !matches!(req.stage, Stage::Queued) {
             return;
         }
@@ -159,8 +161,11 @@ impl Dispatcher {
         };
         let eta_ms = ((position + 1) as f64 * per_request) as u64;
         self.reply(id, ClientEvent::Queued { position, eta_ms });
-        self.timers
-            .insert((now + PROGRESS_EVERY, Timer::Progress(id)));
+        let next = now + PROGRESS_EVERY;
+        if let Some(req) = self.requests.get_mut(&id) {
+            req.progress_at = Some(next);
+        }
+        self.timers.insert((next, Timer::Progress(id)));
     }
 
     /// A model nobody advertised for a whole queue-timeout window (after the server has
@@ -195,6 +200,10 @@ impl Dispatcher {
         self.timers.remove(&(old, Timer::Request(id)));
         self.timers.insert((deadline, Timer::Request(id)));
         if progress {
+            // A requeue restarts the notes at once; the chain already pending stops.
+            if let Some(old) = req.progress_at.replace(now) {
+                self.timers.remove(&(old, Timer::Progress(id)));
+            }
             self.timers.insert((now, Timer::Progress(id)));
         }
     }
@@ -282,6 +291,7 @@ impl Dispatcher {
                         || !registry.iter().any(|o| {
                             o.serves(&r.msg.model)
                                 && o.health == super::Health::Up
+                                && !o.is_draining()
                                 && !r.failed_on.contains(&o.id)
                         })
                 })
@@ -381,8 +391,8 @@ impl Dispatcher {
                         .tokens
                         .entry(req.msg.model.clone())
                         .or_default();
-                    entry.0 += t.prompt_tokens.unwrap_or(0);
-                    entry.1 += t.completion_tokens.unwrap_or(0);
+                    entry.0 = entry.0.saturating_add(t.prompt_tokens.unwrap_or(0));
+                    entry.1 = entry.1.saturating_add(t.completion_tokens.unwrap_or(0));
                 }
             }
             ClientEvent::Failed(f) => self.counters.failed(f),

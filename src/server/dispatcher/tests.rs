@@ -1255,3 +1255,94 @@ fn a_worker_with_the_model_loaded_goes_first_then_any_then_the_queue() {
     loaded(&mut h, 1, &["a", "b"], &["a"]);
     assert_eq!(dispatched(&h.submit(6, "a")), vec![(6, 1)]);
 }
+
+#[test]
+fn failovers_and_requeues_share_one_budget() {
+    let mut h = Harness::new();
+    for w in 1..=3 {
+        h.join(w, &["m"], 1);
+    }
+    h.submit(1, "m");
+    let mut dispatches = 1;
+    let mut on = 1;
+    // Two failovers (1 → 2 → 3), then its worker keeps dying.
+    for _ in 0..2 {
+        let a = h.said(on, retryable_error(1));
+        let d = dispatched(&a);
+        assert_eq!(d.len(), 1, "{a:?}");
+        on = d[0].1;
+        dispatches += 1;
+    }
+    loop {
+        let a = h.ev(Event::WorkerLeft {
+            id: on,
+            reason: "eof".into(),
+        });
+        if let [(1, f)] = &failures(&a)[..] {
+            assert_eq!(*f, Failure::RequeueExhausted);
+            break;
+        }
+        let d = dispatched(&a);
+        assert_eq!(d.len(), 1, "{a:?}");
+        on = d[0].1;
+        dispatches += 1;
+        h.join(10 + dispatches, &["m"], 1);
+    }
+    // Failovers count against the requeue budget (3): one dispatch, two failovers, one
+    // requeue; the next loss ends it. Before, it could be dispatched six times.
+    assert_eq!(dispatches, 4);
+}
+
+#[test]
+fn a_failed_over_request_does_not_wait_for_a_draining_worker() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.said(2, WorkerMessage::WorkerDraining {});
+    assert_eq!(dispatched(&h.submit(1, "m")), vec![(1, 1)]);
+    // Worker 2 is draining: the only worker left to run it is the one it failed on.
+    assert_eq!(dispatched(&h.said(1, retryable_error(1))), vec![(1, 1)]);
+}
+
+#[test]
+fn a_requeue_does_not_start_a_second_chain_of_progress_notes() {
+    let mut h = Harness::new();
+    h.join(1, &["m"], 1);
+    h.join(2, &["m"], 1);
+    h.submit(1, "m");
+    h.submit(2, "m");
+    let msg = Arc::new(RequestMessage {
+        request_id: wire_request_id(3),
+        model: "m".into(),
+        endpoint_path: "/v1/chat/completions".into(),
+        is_streaming: true,
+        body: Arc::from("{}"),
+        headers: Default::default(),
+    });
+    h.ev(Event::Submit {
+        id: 3,
+        msg,
+        who: Who::default(),
+        progress: true,
+    });
+    let notes = |a: &[Action]| {
+        a.iter()
+            .filter(|a| matches!(a, Action::ToClient(3, ClientEvent::Queued { .. })))
+            .count()
+    };
+    let mut told = notes(&h.tick());
+    // Dispatched, then its worker dies half a second later: queued again.
+    h.at(0.2);
+    h.complete(1, 1);
+    h.at(0.7);
+    h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "eof".into(),
+    });
+    for step in 1..=40 {
+        h.at(0.7 + step as f64 * 0.1);
+        told += notes(&h.tick());
+    }
+    // About one a second over 4.7 s (plus the one at once on each queueing).
+    assert!((5..=7).contains(&told), "{told} notes");
+}

@@ -307,7 +307,9 @@ impl Dispatcher {
         if streamed {
             info!("request {wire} failed: worker lost mid-stream");
             self.finish(id, ClientEvent::Failed(Failure::WorkerLost), now);
-        } else if req.requeues >= self.cfg.max_requeues || self.phase != Phase::Running {
+        } else if req.requeues as usize + req.failed_on.len() >= self.cfg.max_requeues as usize
+            || self.phase != Phase::Running
+        {
             info!("request {wire} failed: requeue exhausted");
             self.finish(id, ClientEvent::Failed(Failure::RequeueExhausted), now);
         } else if let Some(req) = self.requests.get_mut(&id) {

@@ -241,7 +241,7 @@ impl StreamConverter {
             .unwrap_or_else(|| {
                 let last = self.tools.last().map(|t| t.index);
                 match last {
-                    Some(last) if starts_new => last + 1,
+                    Some(last) if starts_new => last.saturating_add(1),
                     Some(last) => last,
                     None => 0,
                 }
