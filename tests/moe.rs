@@ -39,16 +39,6 @@ fn ask(server: &TestServer, stream: bool) -> std::net::TcpStream {
     )
 }
 
-fn answer(content: &str) -> String {
-    json!({
-        "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    })
-    .to_string()
-}
-
 fn error_body() -> String {
     json!({"error": {"message": "backend exploded", "type": "server_error", "code": "backend_error"}})
         .to_string()
@@ -140,7 +130,7 @@ fn drafts_and_critiques(workers: &[FakeWorker; 3]) -> Vec<String> {
     }
     let texts: Vec<String> = (0..3).map(|i| format!("Paris, says draft {i}.")).collect();
     for (d, text) in drafts.iter().zip(&texts) {
-        reply(workers, d, 200, &answer(text));
+        reply(workers, d, 200, &openai_answer(text));
     }
     let critiques = collect(workers, 3);
     assert!(critiques.iter().all(|c| c.kind == Kind::Critique));
@@ -157,7 +147,12 @@ fn drafts_and_critiques(workers: &[FakeWorker; 3]) -> Vec<String> {
         for t in &texts {
             assert!(c.prompt.contains(t.as_str()), "{}", c.prompt);
         }
-        reply(workers, c, 200, &answer("Concise and right.\nBEST: 2"));
+        reply(
+            workers,
+            c,
+            200,
+            &openai_answer("Concise and right.\nBEST: 2"),
+        );
     }
     texts
 }
@@ -194,7 +189,7 @@ fn three_drafts_three_critiques_one_final_answer() {
     assert!(!last.req.is_streaming);
     let body: Value = serde_json::from_str(&last.req.body).unwrap();
     assert_eq!(body["temperature"], 0.5);
-    reply(&workers, &last, 200, &answer("Paris."));
+    reply(&workers, &last, 200, &openai_answer("Paris."));
     let r = read_response(&mut client);
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
@@ -252,21 +247,26 @@ fn failed_drafts_and_critiques_are_left_out() {
     let mut client = ask(&server, false);
     let drafts = collect(&workers, 3);
     reply(&workers, &drafts[0], 500, &error_body());
-    reply(&workers, &drafts[1], 200, &answer("Paris, first."));
-    reply(&workers, &drafts[2], 200, &answer("Paris, second."));
+    reply(&workers, &drafts[1], 200, &openai_answer("Paris, first."));
+    reply(&workers, &drafts[2], 200, &openai_answer("Paris, second."));
     let critiques = collect(&workers, 2);
     assert!(critiques.iter().all(|c| c.kind == Kind::Critique));
     assert!(critiques
         .iter()
         .all(|c| c.prompt.contains("Below are 2 candidate answers")));
     reply(&workers, &critiques[0], 500, &error_body());
-    reply(&workers, &critiques[1], 200, &answer("Fine.\nBEST: 1"));
+    reply(
+        &workers,
+        &critiques[1],
+        200,
+        &openai_answer("Fine.\nBEST: 1"),
+    );
     let last = collect(&workers, 1).remove(0);
     assert_eq!(last.kind, Kind::Final);
     assert!(last.prompt.contains("Paris, first.") && last.prompt.contains("Paris, second."));
     assert!(last.prompt.contains("Fine."));
     assert!(!last.prompt.contains("backend exploded"));
-    reply(&workers, &last, 200, &answer("Paris."));
+    reply(&workers, &last, 200, &openai_answer("Paris."));
     let r = read_response(&mut client);
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["choices"][0]["message"]["content"], "Paris.");
@@ -324,7 +324,7 @@ fn when_disabled_moe_is_an_ordinary_model_name() {
     let req = named.request();
     assert_eq!(req.model, "moe-m");
     assert_eq!(&*req.body, moe_body(false), "the body travels untouched");
-    named.complete(&req.request_id, 200, &answer("as is"));
+    named.complete(&req.request_id, 200, &openai_answer("as is"));
     let r = read_response(&mut client);
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["model"], "m", "the backend's answer, untouched");

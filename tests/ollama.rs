@@ -21,16 +21,6 @@ fn ollama_post(addr: std::net::SocketAddr, path: &str, body: &Value) -> std::net
     )
 }
 
-fn openai_answer(content: &str) -> String {
-    json!({
-        "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    })
-    .to_string()
-}
-
 fn sse_delta(content: &str) -> String {
     let chunk = json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
         "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": null}]});

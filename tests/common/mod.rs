@@ -525,3 +525,14 @@ pub fn chat(model: &str, stream: bool) -> String {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
         .to_string()
 }
+
+/// A whole OpenAI chat completion with `content` and fixed usage (7 in, 3 out).
+pub fn openai_answer(content: &str) -> String {
+    json!({
+        "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    })
+    .to_string()
+}

@@ -84,6 +84,24 @@ impl Harness {
         })
     }
 
+    /// Submits a streaming request that asked for queue progress notes.
+    fn submit_with_progress(&mut self, id: RequestId) -> Vec<Action> {
+        let msg = Arc::new(RequestMessage {
+            request_id: wire_request_id(id),
+            model: "m".into(),
+            endpoint_path: "/v1/chat/completions".into(),
+            is_streaming: true,
+            body: Arc::from("{}"),
+            headers: Default::default(),
+        });
+        self.ev(Event::Submit {
+            id,
+            msg,
+            who: Who::default(),
+            progress: true,
+        })
+    }
+
     /// Submits for a tenant at a priority.
     fn submit_as(
         &mut self,
@@ -924,20 +942,7 @@ fn progress_is_told_once_a_second_to_requests_that_ask() {
     let mut h = Harness::new();
     h.join(1, &["m"], 1);
     h.submit(1, "m");
-    let msg = Arc::new(RequestMessage {
-        request_id: wire_request_id(2),
-        model: "m".into(),
-        endpoint_path: "/v1/chat/completions".into(),
-        is_streaming: true,
-        body: Arc::from("{}"),
-        headers: Default::default(),
-    });
-    h.ev(Event::Submit {
-        id: 2,
-        msg,
-        who: Who::default(),
-        progress: true,
-    });
+    h.submit_with_progress(2);
     let progress = |a: &[Action]| {
         a.iter()
             .filter(|a| matches!(a, Action::ToClient(2, ClientEvent::Queued { .. })))
@@ -1311,20 +1316,7 @@ fn a_requeue_does_not_start_a_second_chain_of_progress_notes() {
     h.join(2, &["m"], 1);
     h.submit(1, "m");
     h.submit(2, "m");
-    let msg = Arc::new(RequestMessage {
-        request_id: wire_request_id(3),
-        model: "m".into(),
-        endpoint_path: "/v1/chat/completions".into(),
-        is_streaming: true,
-        body: Arc::from("{}"),
-        headers: Default::default(),
-    });
-    h.ev(Event::Submit {
-        id: 3,
-        msg,
-        who: Who::default(),
-        progress: true,
-    });
+    h.submit_with_progress(3);
     let notes = |a: &[Action]| {
         a.iter()
             .filter(|a| matches!(a, Action::ToClient(3, ClientEvent::Queued { .. })))
