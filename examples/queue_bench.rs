@@ -45,6 +45,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
         features: vec![],
         loaded_models: None,
         backend_kind: None,
+        model_info: None,
     };
     d.handle(
         Event::WorkerJoined {

@@ -17,6 +17,9 @@
 //!   it on another worker. A server that does not know the field sees today's error.
 //! * `loaded_models` and `backend_kind` on `register`, `loaded_models` on `models_update`:
 //!   which advertised models the backend holds in memory (routing prefers those).
+//! * `model_info` on `register` and `models_update`: model name → `{"context_length":
+//!   <u64 or null>, "capabilities": [...]}` as the backend describes it (`/api/show`
+//!   answers from it). Read leniently: a malformed entry is dropped, never the message.
 //! * `backend_status` (worker → server, `{"state": "up"|"down", "reason": ...}`): the
 //!   worker's backend went down or came back. Only sent when the server listed
 //!   [`FEATURE_BACKEND_HEALTH`]; toward any other server the worker advertises an
@@ -80,6 +83,50 @@ pub struct TokenCounts {
     pub total_tokens: Option<u64>,
 }
 
+/// What a backend says about one of its models (`model_info` entries).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ModelInfo {
+    /// The context window in tokens; `null` when the backend did not say.
+    pub context_length: Option<u64>,
+    /// Ollama's capability names: `completion`, `tools`, `vision`, `embedding`, ...
+    pub capabilities: Vec<String>,
+}
+
+/// Model name → what its backend says about it.
+pub type ModelInfoMap = BTreeMap<String, ModelInfo>;
+
+/// Reads `model_info` leniently: anything but an object is absent; an entry that is not
+/// an object is dropped; a context length that is not a `u64` is `null`; capabilities
+/// that are not strings are dropped.
+fn model_info_from(value: Option<serde_json::Value>) -> Option<ModelInfoMap> {
+    let serde_json::Value::Object(map) = value? else {
+        return None;
+    };
+    Some(
+        map.into_iter()
+            .filter_map(|(name, entry)| {
+                let entry = entry.as_object()?;
+                let capabilities = entry
+                    .get("capabilities")
+                    .and_then(serde_json::Value::as_array)
+                    .map(|list| {
+                        list.iter()
+                            .filter_map(|c| c.as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let info = ModelInfo {
+                    context_length: entry
+                        .get("context_length")
+                        .and_then(serde_json::Value::as_u64),
+                    capabilities,
+                };
+                Some((name, info))
+            })
+            .collect(),
+    )
+}
+
 /// `register`: first message a worker sends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RegisterMessage {
@@ -99,6 +146,9 @@ pub struct RegisterMessage {
     /// Extension: what the backend is (`ollama`, `llama-server`, `vllm`, `openai`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend_kind: Option<String>,
+    /// Extension: what the backend says about `models` (context length, capabilities).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_info: Option<ModelInfoMap>,
 }
 
 /// `register_ack`: the server's answer to `register`.
@@ -205,6 +255,9 @@ pub enum WorkerMessage {
         /// Extension: see [`RegisterMessage::loaded_models`].
         #[serde(skip_serializing_if = "Option::is_none")]
         loaded_models: Option<Vec<String>>,
+        /// Extension: see [`RegisterMessage::model_info`]. Absent: unchanged.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        model_info: Option<ModelInfoMap>,
     },
     ResponseChunk {
         request_id: String,
@@ -266,6 +319,7 @@ struct Raw {
     current_load: Option<u32>,
     loaded_models: Option<Vec<String>>,
     backend_kind: Option<String>,
+    model_info: Option<serde_json::Value>,
     request_id: Option<String>,
     model: Option<String>,
     endpoint_path: Option<String>,
@@ -326,11 +380,13 @@ impl WorkerMessage {
                 features: r.features.unwrap_or_default(),
                 loaded_models: r.loaded_models,
                 backend_kind: r.backend_kind,
+                model_info: model_info_from(r.model_info),
             }),
             "models_update" => WorkerMessage::ModelsUpdate {
                 models: need(r.models, k, "models")?,
                 current_load: r.current_load.unwrap_or(0),
                 loaded_models: r.loaded_models,
+                model_info: model_info_from(r.model_info),
             },
             "response_chunk" => WorkerMessage::ResponseChunk {
                 request_id: need(r.request_id, k, "request_id")?,
@@ -519,6 +575,13 @@ mod tests {
                 models: vec!["a".into()],
                 current_load: 1,
                 loaded_models: Some(vec!["a".into()]),
+                model_info: Some(ModelInfoMap::from([(
+                    "a".into(),
+                    ModelInfo {
+                        context_length: Some(8192),
+                        capabilities: vec!["completion".into(), "tools".into()],
+                    },
+                )])),
             },
             WorkerMessage::WorkerDraining {},
         ];
@@ -540,6 +603,38 @@ mod tests {
         let msg =
             ServerMessage::parse(r#"{"type":"cancel","request_id":"r","reason":{"other":"x"}}"#);
         assert!(matches!(msg, Ok(ServerMessage::Cancel { .. })));
+    }
+
+    #[test]
+    fn model_info_is_read_leniently() {
+        let text = r#"{"type":"models_update","models":["a","b","c","d"],"current_load":0,
+            "model_info":{"a":{"context_length":4096,"capabilities":["completion",7,"vision"]},
+            "b":{"context_length":"big"},"c":"nonsense","d":{"context_length":-1,"capabilities":null}}}"#;
+        let WorkerMessage::ModelsUpdate { model_info, .. } = WorkerMessage::parse(text).unwrap()
+        else {
+            panic!("not a models_update")
+        };
+        let info = model_info.unwrap();
+        assert_eq!(info.len(), 3, "the non-object entry is dropped: {info:?}");
+        assert_eq!(info["a"].context_length, Some(4096));
+        assert_eq!(info["a"].capabilities, vec!["completion", "vision"]);
+        assert_eq!(info["b"], ModelInfo::default());
+        assert_eq!(info["d"], ModelInfo::default());
+        // Not an object at all: absent, and the message still parses.
+        let text = r#"{"type":"register","max_concurrent":1,"model_info":[1,2]}"#;
+        let WorkerMessage::Register(reg) = WorkerMessage::parse(text).unwrap() else {
+            panic!("not a register")
+        };
+        assert_eq!(reg.model_info, None);
+        // On the wire an unknown context length is `null`.
+        let msg = WorkerMessage::ModelsUpdate {
+            models: vec!["a".into()],
+            current_load: 0,
+            loaded_models: None,
+            model_info: Some(ModelInfoMap::from([("a".into(), ModelInfo::default())])),
+        };
+        assert!(to_json(&msg)
+            .contains(r#""model_info":{"a":{"context_length":null,"capabilities":[]}}"#));
     }
 
     #[test]

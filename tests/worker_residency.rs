@@ -1,4 +1,4 @@
-//! Issue 10, "where a model is loaded", end to end: the real server and worker binaries
+//! Issue 10, "where a model is loaded" and "what a model is" (`/api/show`), end to end: the real server and worker binaries
 //! with fake Ollama and llama-server router backends whose loaded sets the tests change.
 //! What the worker detected and reports is read from the server's `/admin/workers`;
 //! where a request ran, from each fake backend's own request counter.
@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 
 use common::procs::{start_worker, Proc, ServerProc};
 use common::{chat, post, request, wait_until, Response};
-use fake_backend::{FakeBackend, LoadedSet};
+use fake_backend::{FakeBackend, LoadedSet, OLLAMA_CAPABILITIES, OLLAMA_CONTEXT_LENGTH};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "residency-admin-token";
@@ -214,6 +214,8 @@ fn a_llama_server_router_reports_the_models_whose_status_is_loaded() {
             w["backend_kind"] == "llama-server"
                 && w["models"] == json!(["x", "y"])
                 && w["loaded_models"] == json!(["y"])
+                // A router's `/props` describes no one model.
+                && w["model_info"].is_null()
         })],
     );
     ask(&server, "x");
@@ -237,6 +239,7 @@ fn a_plain_openai_backend_reports_no_loaded_models() {
             w["backend_kind"] == "openai"
                 && w["models"] == json!(["m"])
                 && w["loaded_models"].is_null()
+                && w["model_info"].is_null()
         })],
     );
     ask(&server, "m");
@@ -255,4 +258,45 @@ fn backend_kind_set_by_the_operator_skips_detection() {
             w["backend_kind"] == "openai" && w["loaded_models"].is_null()
         })],
     );
+}
+
+fn show(server: &ServerProc, model: &str) -> Response {
+    let body = json!({ "model": model }).to_string();
+    request(server.addr, "POST", "/api/show", Some(&body), &[])
+}
+
+#[test]
+fn api_show_answers_with_what_the_backend_says_of_the_model() {
+    let server = start_server();
+    let (addr, b, _) = spawn(FakeBackend::ollama(&["a", "b"], &["a"], ANSWER));
+    let _w = worker(
+        &server,
+        addr,
+        "described",
+        &[("MODELS_REFRESH_SECS", NEVER)],
+    );
+    let described = json!({
+        "context_length": OLLAMA_CONTEXT_LENGTH,
+        "capabilities": OLLAMA_CAPABILITIES,
+    });
+    wait_workers(
+        &server,
+        "both models described by the backend's /api/show",
+        &[("described", &|w: &Value| {
+            w["model_info"] == json!({ "a": described, "b": described })
+        })],
+    );
+    for model in ["a", "b"] {
+        let r = show(&server, model);
+        assert_eq!(r.status, 200, "/api/show {model}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["capabilities"], json!(OLLAMA_CAPABILITIES), "{v:#}");
+        assert_eq!(
+            v["model_info"]["general.context_length"],
+            json!(OLLAMA_CONTEXT_LENGTH),
+            "{v:#}"
+        );
+    }
+    assert_eq!(show(&server, "zzz").status, 404);
+    assert_eq!(requests(&b), 0, "describing models is no inference request");
 }

@@ -12,7 +12,9 @@
 //!   wedged backend answering every POST with one status) and [`FakeBackend::answer_delay`]
 //!   (a pause before every POST answer, like generation time). Both are off by default.
 //! * Flavours beyond plain OpenAI, for which models are loaded (issue 10):
-//!   [`FakeBackend::ollama`] (`/api/version`, `/api/tags`, `/api/ps`) and
+//!   [`FakeBackend::ollama`] (`/api/version`, `/api/tags`, `/api/ps`, and `POST /api/show`
+//!   describing each listed model with [`OLLAMA_CONTEXT_LENGTH`] and
+//!   [`OLLAMA_CAPABILITIES`]) and
 //!   [`FakeBackend::llama_router`] (`/props`, `/models` with a `status` per model). Both
 //!   list several models and hold a loaded set the test changes through
 //!   [`FakeBackend::loaded`]; a POST for a listed model loads it, as the real ones do.
@@ -42,6 +44,11 @@ pub struct Stats {
     /// Set by [`FakeBackend::release`]: `hold` requests answer from then on.
     pub released: AtomicBool,
 }
+
+/// The context length a fake Ollama's `POST /api/show` reports for each of its models.
+pub const OLLAMA_CONTEXT_LENGTH: u64 = 8192;
+/// The capabilities a fake Ollama's `POST /api/show` reports for each of its models.
+pub const OLLAMA_CAPABILITIES: &[&str] = &["completion", "tools"];
 
 /// Which backend a fake imitates beyond the OpenAI routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -352,6 +359,25 @@ impl FakeBackend {
                     let body = format!(r#"{{"models":[{}]}}"#, entries.join(","));
                     respond(&mut out, 200, "application/json", body.as_bytes())
                 }
+                ("POST", "/api/show") if flavour == Flavour::Ollama => {
+                    let asked = body_model(&body).unwrap_or_default();
+                    let listed = self
+                        .models
+                        .iter()
+                        .any(|m| m == asked || ollama_name(m) == asked);
+                    if listed {
+                        let caps: Vec<String> =
+                            OLLAMA_CAPABILITIES.iter().map(|c| json_string(c)).collect();
+                        let body = format!(
+                            r#"{{"modelfile":"","parameters":"","template":"","details":{{"format":"gguf","family":"llama"}},"model_info":{{"general.architecture":"llama","llama.context_length":{OLLAMA_CONTEXT_LENGTH},"llama.embedding_length":4096}},"capabilities":[{}]}}"#,
+                            caps.join(",")
+                        );
+                        respond(&mut out, 200, "application/json", body.as_bytes())
+                    } else {
+                        let err = format!(r#"{{"error":"model '{asked}' not found"}}"#);
+                        respond(&mut out, 404, "application/json", err.as_bytes())
+                    }
+                }
                 ("GET", "/health") => {
                     respond(&mut out, 200, "application/json", b"{\"status\":\"ok\"}")
                 }
@@ -384,11 +410,9 @@ impl FakeBackend {
         if self.flavour == Flavour::OpenAi {
             return;
         }
-        let Some(start) = body.find("\"model\":\"") else {
+        let Some(model) = body_model(body) else {
             return;
         };
-        let rest = &body[start + 9..];
-        let model = &rest[..rest.find('"').unwrap_or(0)];
         let mut loaded = self.loaded.lock();
         if self.models.iter().any(|m| m == model) && !loaded.iter().any(|m| m == model) {
             loaded.push(model.to_string());
@@ -513,6 +537,13 @@ impl FakeBackend {
 }
 
 /// Ollama's spelling of a model: `name:tag`, `latest` when none is given.
+/// The `"model":"..."` of a request body (compact JSON, as the worker sends it).
+fn body_model(body: &str) -> Option<&str> {
+    let start = body.find("\"model\":\"")?;
+    let rest = &body[start + 9..];
+    Some(&rest[..rest.find('"').unwrap_or(0)])
+}
+
 fn ollama_name(model: &str) -> String {
     if model.contains(':') {
         model.to_string()

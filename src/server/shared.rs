@@ -1,5 +1,6 @@
 //! State the dispatcher publishes for the HTTP threads to read without a round trip:
-//! gauges for `/health` and the routable model list for `/v1/models`.
+//! gauges for `/health`, the routable model list for `/v1/models`, and what workers say
+//! about their models for `/api/show`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,6 +9,7 @@ use std::time::Instant;
 use parking_lot::RwLock;
 
 use super::dispatcher::Gauges;
+use crate::protocol::ModelInfoMap;
 
 #[derive(Debug)]
 pub struct Shared {
@@ -21,6 +23,8 @@ pub struct Shared {
     models: RwLock<Arc<Vec<String>>>,
     /// Models some worker reports loaded in its backend's memory.
     loaded: RwLock<Arc<Vec<String>>>,
+    /// What workers say about their models, merged (see `Registry::model_info`).
+    model_info: RwLock<Arc<ModelInfoMap>>,
 }
 
 impl Shared {
@@ -34,6 +38,7 @@ impl Shared {
             relays: AtomicUsize::new(0),
             models: RwLock::new(Arc::new(Vec::new())),
             loaded: RwLock::new(Arc::new(Vec::new())),
+            model_info: RwLock::new(Arc::new(ModelInfoMap::new())),
         })
     }
 
@@ -65,6 +70,14 @@ impl Shared {
 
     pub fn loaded(&self) -> Arc<Vec<String>> {
         self.loaded.read().clone()
+    }
+
+    pub fn set_model_info(&self, info: ModelInfoMap) {
+        *self.model_info.write() = Arc::new(info);
+    }
+
+    pub fn model_info(&self) -> Arc<ModelInfoMap> {
+        self.model_info.read().clone()
     }
 
     pub fn set_shutting_down(&self) {

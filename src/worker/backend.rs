@@ -121,6 +121,15 @@ impl Backend {
     /// One bounded `GET` (the models list, and the probes of `backend_kind.rs`): the
     /// status and at most 4 MiB of body. `Unreachable` when no HTTP answer came at all.
     pub fn get(&self, path: &str) -> Result<(u16, String), ModelsError> {
+        self.bounded(path, None)
+    }
+
+    /// One bounded `POST` of a JSON body (`/api/show`), otherwise like [`Self::get`].
+    pub fn post_json(&self, path: &str, body: &str) -> Result<(u16, String), ModelsError> {
+        self.bounded(path, Some(body))
+    }
+
+    fn bounded(&self, path: &str, body: Option<&str>) -> Result<(u16, String), ModelsError> {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(MODELS_CONNECT_TIMEOUT))
@@ -128,12 +137,28 @@ impl Backend {
             .user_agent(concat!("modelrelay-worker/", env!("CARGO_PKG_VERSION")))
             .build();
         let agent = ureq::Agent::new_with_config(config);
-        let mut req = agent.get(&self.url(path));
-        if let Some(key) = &self.api_key {
-            req = req.header("authorization", &format!("Bearer {key}"));
-        }
-        let resp = req.call().map_err(|e| {
-            let text = format!("GET {path} failed: {e}");
+        let auth = self.api_key.as_ref().map(|key| format!("Bearer {key}"));
+        let method = if body.is_some() { "POST" } else { "GET" };
+        let result = match body {
+            None => {
+                let mut req = agent.get(&self.url(path));
+                if let Some(auth) = &auth {
+                    req = req.header("authorization", auth);
+                }
+                req.call()
+            }
+            Some(body) => {
+                let mut req = agent
+                    .post(&self.url(path))
+                    .header("content-type", "application/json");
+                if let Some(auth) = &auth {
+                    req = req.header("authorization", auth);
+                }
+                req.send(body)
+            }
+        };
+        let resp = result.map_err(|e| {
+            let text = format!("{method} {path} failed: {e}");
             // A timeout here is a backend that never answered, like a refused one.
             if is_connection_failure(&e) || matches!(e, ureq::Error::Timeout(_)) {
                 ModelsError::Unreachable(text)
@@ -142,13 +167,13 @@ impl Backend {
             }
         })?;
         let status = resp.status().as_u16();
-        let mut body = String::new();
+        let mut text = String::new();
         resp.into_body()
             .into_reader()
             .take(4 << 20)
-            .read_to_string(&mut body)
+            .read_to_string(&mut text)
             .map_err(|e| ModelsError::Unusable(format!("reading {path}: {e}")))?;
-        Ok((status, body))
+        Ok((status, text))
     }
 
     /// Runs one request to completion on `agent`, sending protocol messages through

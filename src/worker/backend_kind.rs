@@ -16,17 +16,35 @@
 //! single-model mode holds its one model unless `/props` says it is asleep; vLLM holds
 //! everything it serves; for `openai` it is unknown and the field is left out.
 //!
+//! What each model is (`model_info`: context length and capabilities, for the relay's
+//! `/api/show`) is read at the same moments, on the same thread, only for advertised
+//! models not described yet (at most [`DESCRIBE_PER_PASS`] per pass; all again when re-detection
+//! finds another kind): Ollama answers `POST /api/show` per model (`capabilities`
+//! as it reports them, the context length from the `model_info` key ending in
+//! `.context_length`); a single-model llama-server's `/props` gives
+//! `default_generation_settings.n_ctx` and `completion` (+ `vision` when
+//! `modalities.vision`); vLLM's `/v1/models` gives `max_model_len` and `completion`. A
+//! llama-server router and an `openai` backend describe nothing. What is not said is
+//! `null`, never guessed.
+//!
 //! The parsers are pure functions over the recorded bodies; the HTTP calls are thin.
 //! The worker re-reads the set every `MODELS_REFRESH_SECS`, when the server asks, and —
 //! signalled by [`Residency::after_request`], without any call on the request's path —
 //! after a request for a model that was not loaded (the backend most likely loaded it).
 
+use std::collections::BTreeMap;
+
 use crossbeam_channel::{Receiver, Sender};
-use log::{info, warn};
+use log::{debug, info, warn};
 use parking_lot::Mutex;
 use serde_json::Value;
 
 use super::backend::{Backend, ModelsError};
+use crate::protocol::{ModelInfo, ModelInfoMap};
+
+/// At most this many models are described in one pass (each one a `POST /api/show` on
+/// Ollama); the rest follow in later passes.
+pub const DESCRIBE_PER_PASS: usize = 32;
 
 /// What the backend is (`backend_kind` in `register`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,6 +231,140 @@ pub fn parse_llama_models(body: &str) -> Result<Resident, String> {
     ))
 }
 
+fn string_list(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(|c| c.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Ollama's `POST /api/show`: `capabilities` as listed, and the context length from the
+/// `model_info` key ending in `.context_length` (`llama.context_length`, ...).
+pub fn parse_ollama_show(body: &str) -> Result<ModelInfo, String> {
+    let o = json_object(body).ok_or("/api/show is not a JSON object")?;
+    if !o.contains_key("model_info") && !o.contains_key("capabilities") {
+        return Err("/api/show has neither `model_info` nor `capabilities`".into());
+    }
+    let context_length = o
+        .get("model_info")
+        .and_then(Value::as_object)
+        .and_then(|info| {
+            info.iter()
+                .find(|(k, _)| k.ends_with(".context_length"))
+                .and_then(|(_, v)| v.as_u64())
+        });
+    Ok(ModelInfo {
+        context_length,
+        capabilities: string_list(o.get("capabilities")),
+    })
+}
+
+/// A single-model llama-server's `GET /props`: `default_generation_settings.n_ctx` (or a
+/// top-level `n_ctx`), `completion`, and `vision` when `modalities.vision` is true.
+/// `None` for a router (its `/props` describes no one model) or an unreadable body.
+pub fn parse_llama_props_info(body: &str) -> Option<ModelInfo> {
+    let o = json_object(body)?;
+    if o.get("role").and_then(Value::as_str) == Some("router") {
+        return None;
+    }
+    let context_length = o
+        .get("default_generation_settings")
+        .and_then(|d| d.get("n_ctx"))
+        .and_then(Value::as_u64)
+        .or_else(|| o.get("n_ctx").and_then(Value::as_u64));
+    let mut capabilities = vec!["completion".to_string()];
+    if o.get("modalities").and_then(|m| m.get("vision")) == Some(&Value::Bool(true)) {
+        capabilities.push("vision".to_string());
+    }
+    Some(ModelInfo {
+        context_length,
+        capabilities,
+    })
+}
+
+/// vLLM's `GET /v1/models`: each listed model with its `max_model_len` (`None` when the
+/// entry has none).
+pub fn parse_vllm_max_len(body: &str) -> Result<Vec<(String, Option<u64>)>, String> {
+    let o = json_object(body).ok_or("/v1/models is not a JSON object")?;
+    let data = o
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or("/v1/models has no `data` list")?;
+    Ok(data
+        .iter()
+        .filter_map(|m| {
+            let id = m.get("id").and_then(Value::as_str)?;
+            Some((
+                id.to_string(),
+                m.get("max_model_len").and_then(Value::as_u64),
+            ))
+        })
+        .collect())
+}
+
+/// Describes `missing` (advertised, not described yet) for a backend of `kind`. A model
+/// the backend would not describe maps to `None` (not asked again until re-detection);
+/// one left out of the answer is asked again next pass. `Err`: no answer at all.
+fn describe_models(
+    backend: &Backend,
+    kind: Kind,
+    missing: &[String],
+) -> Result<Vec<(String, Option<ModelInfo>)>, String> {
+    let every =
+        |info: Option<ModelInfo>| missing.iter().map(|m| (m.clone(), info.clone())).collect();
+    match kind {
+        Kind::OpenAi => Ok(every(None)),
+        Kind::LlamaServer => Ok(every(
+            fetch(backend, "/props")?.and_then(|b| parse_llama_props_info(&b)),
+        )),
+        Kind::Vllm => {
+            let Some(body) = fetch(backend, "/v1/models")? else {
+                return Ok(every(None));
+            };
+            let listed = parse_vllm_max_len(&body).unwrap_or_default();
+            Ok(missing
+                .iter()
+                .map(|m| {
+                    let info = listed
+                        .iter()
+                        .find(|(id, _)| id == m)
+                        .map(|(_, len)| ModelInfo {
+                            context_length: *len,
+                            capabilities: vec!["completion".to_string()],
+                        });
+                    (m.clone(), info)
+                })
+                .collect())
+        }
+        Kind::Ollama => {
+            let mut out = Vec::new();
+            for m in missing {
+                let body = serde_json::json!({ "model": m }).to_string();
+                match backend.post_json("/api/show", &body) {
+                    Ok((200, body)) => match parse_ollama_show(&body) {
+                        Ok(info) => out.push((m.clone(), Some(info))),
+                        Err(e) => {
+                            warn!("cannot read what `{m}` is: {e}");
+                            out.push((m.clone(), None));
+                        }
+                    },
+                    Ok((status, _)) => {
+                        debug!("POST /api/show for `{m}` answered {status}");
+                        out.push((m.clone(), None));
+                    }
+                    Err(ModelsError::Unusable(e)) => debug!("{e}"),
+                    Err(ModelsError::Unreachable(e)) => return Err(e),
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
 /// The body of a `200` answer; `Ok(None)` for any other answer (or an unreadable one),
 /// `Err` when the backend gave no answer at all.
 fn fetch(backend: &Backend, path: &str) -> Result<Option<String>, String> {
@@ -275,6 +427,8 @@ pub struct Residency {
     setting: KindSetting,
     kind: Mutex<Option<Kind>>,
     resident: Mutex<Resident>,
+    /// What each advertised model is, once asked (`None`: the backend would not say).
+    described: Mutex<BTreeMap<String, Option<ModelInfo>>>,
     /// Wakes the models thread for a re-check (capacity 1: one pending is enough).
     kick_tx: Sender<()>,
     pub(super) kick_rx: Receiver<()>,
@@ -291,6 +445,7 @@ impl Residency {
             setting,
             kind: Mutex::new(kind),
             resident: Mutex::new(Resident::Unknown),
+            described: Mutex::new(BTreeMap::new()),
             kick_tx,
             kick_rx,
         }
@@ -304,6 +459,50 @@ impl Residency {
     /// The advertised models that are loaded (`None`: unknown).
     pub fn loaded_among(&self, advertised: &[String]) -> Option<Vec<String>> {
         self.resident.lock().loaded_among(advertised)
+    }
+
+    /// What the backend says about the advertised models it described; `None` when it
+    /// described none (an `openai` backend, a llama-server router, not read yet).
+    pub fn info_among(&self, advertised: &[String]) -> Option<ModelInfoMap> {
+        let described = self.described.lock();
+        let map: ModelInfoMap = advertised
+            .iter()
+            .filter_map(|m| Some((m.clone(), described.get(m)?.clone()?)))
+            .collect();
+        (!map.is_empty()).then_some(map)
+    }
+
+    /// Describes the advertised models not described yet (at most [`DESCRIBE_PER_PASS`]),
+    /// and forgets the ones no longer advertised. `Err` when the backend gave no answer.
+    pub fn describe(&self, backend: &Backend, advertised: &[String]) -> Result<(), String> {
+        let Some(kind) = self.kind() else {
+            return Ok(());
+        };
+        let missing: Vec<String> = {
+            let mut described = self.described.lock();
+            described.retain(|m, _| advertised.contains(m));
+            advertised
+                .iter()
+                .filter(|m| !described.contains_key(*m))
+                .take(DESCRIBE_PER_PASS)
+                .cloned()
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let found = describe_models(backend, kind, &missing)?;
+        let mut described = self.described.lock();
+        for (m, info) in found {
+            if let Some(i) = &info {
+                info!(
+                    "model `{m}`: context length {:?}, capabilities {:?}",
+                    i.context_length, i.capabilities
+                );
+            }
+            described.insert(m, info);
+        }
+        Ok(())
     }
 
     /// After a request for `model` reached the backend: if the model was not loaded
@@ -329,6 +528,10 @@ impl Residency {
             (KindSetting::Auto, Some(k)) if !redetect => k,
             (KindSetting::Auto, _) => {
                 let found = detect(backend)?;
+                if known.is_some_and(|old| old != found) {
+                    // Another backend now: describe its models afresh.
+                    self.described.lock().clear();
+                }
                 match known {
                     None => info!("backend kind: {} (detected)", found.as_str()),
                     Some(old) if old != found => {
@@ -424,6 +627,97 @@ mod tests {
     const VLLM_MODELS: &str = r#"{"object": "list", "data": [{"id": "meta-llama/Llama-3.1-8B",
       "object": "model", "created": 1, "owned_by": "vllm", "root": "meta-llama/Llama-3.1-8B",
       "parent": null, "max_model_len": 8192, "permission": []}]}"#;
+
+    /// `POST /api/show` of Ollama (docs/api.md, "Show Model Information", abridged).
+    const OLLAMA_SHOW: &str = r#"{
+      "modelfile": "FROM llama3",
+      "parameters": "num_keep 24\nstop \"<|start_header_id|>\"",
+      "template": "{{ .Prompt }}",
+      "details": {"parent_model": "", "format": "gguf", "family": "llama",
+        "families": ["llama"], "parameter_size": "8.0B", "quantization_level": "Q4_0"},
+      "model_info": {
+        "general.architecture": "llama",
+        "general.file_type": 2,
+        "general.parameter_count": 8030261248,
+        "llama.attention.head_count": 32,
+        "llama.context_length": 8192,
+        "llama.embedding_length": 4096,
+        "tokenizer.ggml.model": "gpt2"
+      },
+      "capabilities": ["completion", "tools", "vision"],
+      "modified_at": "2024-06-04T14:38:31.83753-07:00"
+    }"#;
+
+    /// `POST /api/show` of an Ollama embedding model.
+    const OLLAMA_SHOW_EMBED: &str = r#"{"details": {"family": "nomic-bert"},
+      "model_info": {"general.architecture": "nomic-bert", "nomic-bert.context_length": 2048},
+      "capabilities": ["embedding"]}"#;
+
+    #[test]
+    fn ollama_show_gives_the_capabilities_and_the_context_length() {
+        let info = parse_ollama_show(OLLAMA_SHOW).unwrap();
+        assert_eq!(info.context_length, Some(8192));
+        assert_eq!(info.capabilities, names(&["completion", "tools", "vision"]));
+        let embed = parse_ollama_show(OLLAMA_SHOW_EMBED).unwrap();
+        assert_eq!(embed.context_length, Some(2048));
+        assert_eq!(embed.capabilities, names(&["embedding"]));
+        // An older Ollama without `capabilities`, a model_info without a context length.
+        let old = parse_ollama_show(r#"{"model_info": {"general.architecture": "x"}}"#).unwrap();
+        assert_eq!(old, ModelInfo::default());
+        assert!(parse_ollama_show(r#"{"error":"model 'x' not found"}"#).is_err());
+        assert!(parse_ollama_show("garbage").is_err());
+    }
+
+    #[test]
+    fn llama_server_props_give_n_ctx_and_vision() {
+        let info = parse_llama_props_info(LLAMA_PROPS).unwrap();
+        assert_eq!(info.context_length, Some(1024));
+        assert_eq!(info.capabilities, names(&["completion"]));
+        let vision = parse_llama_props_info(
+            r#"{"n_ctx": 32768, "modalities": {"vision": true, "audio": false}}"#,
+        )
+        .unwrap();
+        assert_eq!(vision.context_length, Some(32768));
+        assert_eq!(vision.capabilities, names(&["completion", "vision"]));
+        let unknown = parse_llama_props_info(r#"{"model_path": "m.gguf"}"#).unwrap();
+        assert_eq!(unknown.context_length, None);
+        assert_eq!(
+            parse_llama_props_info(r#"{"role":"router","build_info":"b7000"}"#),
+            None,
+            "a router describes no one model"
+        );
+        assert_eq!(parse_llama_props_info("garbage"), None);
+    }
+
+    #[test]
+    fn vllm_models_give_max_model_len() {
+        assert_eq!(
+            parse_vllm_max_len(VLLM_MODELS).unwrap(),
+            vec![("meta-llama/Llama-3.1-8B".to_string(), Some(8192))]
+        );
+        assert_eq!(
+            parse_vllm_max_len(r#"{"data":[{"id":"m"},{"no_id":1}]}"#).unwrap(),
+            vec![("m".to_string(), None)]
+        );
+        assert!(parse_vllm_max_len("[]").is_err());
+    }
+
+    #[test]
+    fn only_described_advertised_models_are_reported() {
+        let r = Residency::new(KindSetting::Fixed(Kind::Ollama));
+        assert_eq!(r.info_among(&names(&["a"])), None, "nothing described yet");
+        let a = ModelInfo {
+            context_length: Some(4096),
+            capabilities: names(&["completion"]),
+        };
+        r.described.lock().insert("a".into(), Some(a.clone()));
+        r.described.lock().insert("b".into(), None);
+        assert_eq!(
+            r.info_among(&names(&["a", "b", "c"])),
+            Some(ModelInfoMap::from([("a".to_string(), a)]))
+        );
+        assert_eq!(r.info_among(&names(&["b", "c"])), None);
+    }
 
     #[test]
     fn kinds_round_trip_and_the_setting_parses() {

@@ -13,7 +13,8 @@
 //! `backend_status` to a server that listed `backend_health`, and to any other server an
 //! empty `models_update` while the backend is down and the real list once it is back.
 //! The loaded models (`backend_kind.rs`) ride along in `models_update`, sent when they
-//! change.
+//! change; so does `model_info` (what each model is), only in the `models_update` that
+//! follows a change (or one the server asked for): absent means "unchanged".
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ use parking_lot::Mutex;
 
 use super::backend::ModelsError;
 use super::{ModelSource, Shared};
-use crate::protocol::{BackendState, WorkerMessage};
+use crate::protocol::{BackendState, ModelInfoMap, WorkerMessage};
 
 /// Delay before the first probe after the backend went down; it doubles from there.
 const FIRST_PROBE: Duration = Duration::from_secs(1);
@@ -131,16 +132,23 @@ pub struct Told {
     pub backend: BackendState,
     /// The loaded models it was last told (`None`: never told).
     pub loaded: Option<Vec<String>>,
+    /// The model descriptions it was last told (`None`: never told).
+    pub info: Option<ModelInfoMap>,
 }
 
 impl Told {
-    /// Right after `register` with `models` and `loaded`: a server assumes a new
+    /// Right after `register` with `models`, `loaded` and `info`: a server assumes a new
     /// worker's backend is up.
-    pub fn registered(models: Vec<String>, loaded: Option<Vec<String>>) -> Told {
+    pub fn registered(
+        models: Vec<String>,
+        loaded: Option<Vec<String>>,
+        info: Option<ModelInfoMap>,
+    ) -> Told {
         Told {
             models,
             backend: BackendState::Up,
             loaded,
+            info,
         }
     }
 }
@@ -154,6 +162,8 @@ pub struct View<'a> {
     pub current_load: u32,
     /// Which of `models` the backend holds in memory (`None`: unknown).
     pub loaded: Option<&'a [String]>,
+    /// What the backend says about `models` (`None`: nothing).
+    pub info: Option<&'a ModelInfoMap>,
 }
 
 /// The model list to advertise: a server without `backend_health` only learns that the
@@ -195,15 +205,35 @@ pub fn plan(
         None => told.loaded.as_ref().map(|_| Vec::new()),
     };
     let loaded_changed = loaded.is_some() && loaded != told.loaded;
-    if !view.draining && (force_models || models != told.models || loaded_changed) {
+    // The same for the descriptions, which travel only when they changed (or asked for).
+    let info: Option<ModelInfoMap> = match view.info {
+        Some(i) => Some(
+            i.iter()
+                .filter(|(m, _)| models.contains(m))
+                .map(|(m, v)| (m.clone(), v.clone()))
+                .collect(),
+        ),
+        None => told.info.as_ref().map(|_| ModelInfoMap::new()),
+    };
+    let info_changed = info.is_some() && info != told.info;
+    if !view.draining && (force_models || models != told.models || loaded_changed || info_changed) {
         told.models = models.clone();
         if loaded.is_some() {
             told.loaded = loaded.clone();
+        }
+        let model_info = if info_changed || force_models {
+            info.clone()
+        } else {
+            None
+        };
+        if info.is_some() {
+            told.info = info;
         }
         out.push(WorkerMessage::ModelsUpdate {
             models,
             current_load: view.current_load,
             loaded_models: loaded,
+            model_info,
         });
     }
     out
@@ -219,6 +249,7 @@ pub fn sync(shared: &Shared, force_models: bool) {
     let mut told = link.told.lock();
     let models = shared.models.lock().clone();
     let loaded = shared.residency.loaded_among(&models);
+    let info = shared.residency.info_among(&models);
     let reason = shared.health.down_reason();
     let view = View {
         models: &models,
@@ -226,6 +257,7 @@ pub fn sync(shared: &Shared, force_models: bool) {
         draining: shared.is_draining(),
         current_load: shared.inflight.len() as u32,
         loaded: loaded.as_deref(),
+        info: info.as_ref(),
     };
     for msg in plan(&mut told, &view, link.backend_health, force_models) {
         link.out.send(&msg);
@@ -268,6 +300,10 @@ fn probe(shared: &Shared) -> Result<Option<Vec<String>>, String> {
         (ModelSource::Fixed(_), _) => None,
     };
     shared.residency.refresh(&shared.backend, true)?;
+    let advertised = models
+        .clone()
+        .unwrap_or_else(|| shared.models.lock().clone());
+    shared.residency.describe(&shared.backend, &advertised)?;
     Ok(models)
 }
 
@@ -337,6 +373,7 @@ mod tests {
             draining: false,
             current_load: 0,
             loaded: None,
+            info: None,
         }
     }
 
@@ -369,7 +406,7 @@ mod tests {
     #[test]
     fn a_server_with_backend_health_gets_backend_status_and_keeps_the_models() {
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(models.clone(), None);
+        let mut told = Told::registered(models.clone(), None, None);
         let down = plan(&mut told, &view(&models, Some("refused")), true, false);
         assert_eq!(
             down,
@@ -392,11 +429,12 @@ mod tests {
     #[test]
     fn an_original_server_sees_an_empty_list_then_the_real_one() {
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(models.clone(), None);
+        let mut told = Told::registered(models.clone(), None, None);
         let update = |models: &[&str]| WorkerMessage::ModelsUpdate {
             models: models.iter().map(|m| m.to_string()).collect(),
             current_load: 0,
             loaded_models: None,
+            model_info: None,
         };
         let down = plan(&mut told, &view(&models, Some("refused")), false, false);
         assert_eq!(down, vec![update(&[])]);
@@ -411,7 +449,7 @@ mod tests {
     fn registered_while_down_the_models_follow_the_down_status() {
         // A worker registers an empty list while down (it does not know the server yet).
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(Vec::new(), None);
+        let mut told = Told::registered(Vec::new(), None, None);
         let msgs = plan(&mut told, &view(&models, Some("refused")), true, false);
         assert!(matches!(
             msgs.as_slice(),
@@ -423,7 +461,7 @@ mod tests {
                 WorkerMessage::ModelsUpdate { .. }
             ]
         ));
-        let mut told = Told::registered(Vec::new(), None);
+        let mut told = Told::registered(Vec::new(), None, None);
         assert!(plan(&mut told, &view(&models, Some("refused")), false, false).is_empty());
     }
 
@@ -434,8 +472,9 @@ mod tests {
             models: models.clone(),
             current_load: 0,
             loaded_models: loaded.map(|l| l.iter().map(|m| m.to_string()).collect()),
+            model_info: None,
         };
-        let mut told = Told::registered(models.clone(), Some(vec!["a".into()]));
+        let mut told = Told::registered(models.clone(), Some(vec!["a".into()]), None);
         let mut v = view(&models, None);
         let a = vec!["a".to_string()];
         v.loaded = Some(&a);
@@ -458,14 +497,72 @@ mod tests {
         assert_eq!(plan(&mut told, &v, true, false), vec![update(Some(&[]))]);
         assert!(plan(&mut told, &v, true, false).is_empty());
         // Never known: the field stays out.
-        let mut told = Told::registered(Vec::new(), None);
+        let mut told = Told::registered(Vec::new(), None, None);
         assert_eq!(plan(&mut told, &v, true, false), vec![update(None)]);
+    }
+
+    #[test]
+    fn model_info_is_sent_when_it_changes_and_only_then() {
+        use crate::protocol::ModelInfo;
+        let models = vec!["a".to_string(), "b".to_string()];
+        let described = |ctx: u64| {
+            ModelInfoMap::from([
+                (
+                    "a".to_string(),
+                    ModelInfo {
+                        context_length: Some(ctx),
+                        capabilities: vec!["completion".into()],
+                    },
+                ),
+                ("gone".to_string(), ModelInfo::default()),
+            ])
+        };
+        let only_a = |ctx: u64| {
+            let mut m = described(ctx);
+            m.remove("gone");
+            m
+        };
+        let info_of = |msgs: &[WorkerMessage]| match msgs {
+            [WorkerMessage::ModelsUpdate { model_info, .. }] => model_info.clone(),
+            other => panic!("expected one models_update, got {other:?}"),
+        };
+        let mut told = Told::registered(models.clone(), None, Some(only_a(4096)));
+        let mut v = view(&models, None);
+        let same = described(4096);
+        v.info = Some(&same);
+        assert!(
+            plan(&mut told, &v, true, false).is_empty(),
+            "unchanged (what is not advertised does not count)"
+        );
+        let bigger = described(8192);
+        v.info = Some(&bigger);
+        assert_eq!(
+            info_of(&plan(&mut told, &v, true, false)),
+            Some(only_a(8192))
+        );
+        assert!(plan(&mut told, &v, true, false).is_empty(), "told once");
+        // A models_update for another reason leaves it out (unchanged).
+        let fewer = vec!["a".to_string()];
+        v.models = &fewer;
+        assert_eq!(info_of(&plan(&mut told, &v, true, false)), None);
+        // Asked for: it travels.
+        assert_eq!(
+            info_of(&plan(&mut told, &v, true, true)),
+            Some(only_a(8192))
+        );
+        // Unknown after known: empty, once.
+        v.info = None;
+        assert_eq!(
+            info_of(&plan(&mut told, &v, true, false)),
+            Some(ModelInfoMap::new())
+        );
+        assert!(plan(&mut told, &v, true, false).is_empty());
     }
 
     #[test]
     fn a_draining_worker_sends_no_model_list() {
         let models = vec!["m".to_string()];
-        let mut told = Told::registered(Vec::new(), None);
+        let mut told = Told::registered(Vec::new(), None, None);
         let mut v = view(&models, None);
         v.draining = true;
         assert!(plan(&mut told, &v, false, true).is_empty());

@@ -212,13 +212,20 @@ fn run_models(shared: &Shared) {
     }
 }
 
-/// Re-reads which models the backend holds (not while it is down: the prober reads it
-/// when it is back).
+/// Re-reads which models the backend holds, and describes the ones not described yet
+/// (not while it is down: the prober reads both when it is back).
 fn refresh_loaded(shared: &Shared) {
     if shared.health.is_down() {
         return;
     }
-    if let Err(e) = shared.residency.refresh(&shared.backend, false) {
+    let described = shared
+        .residency
+        .refresh(&shared.backend, false)
+        .and_then(|()| {
+            let models = shared.models.lock().clone();
+            shared.residency.describe(&shared.backend, &models)
+        });
+    if let Err(e) = described {
         health::backend_failed(shared, &e);
     }
 }

@@ -110,7 +110,11 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
     let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(max)));
 
     let register = register_message(shared);
-    let told = Told::registered(register.models.clone(), register.loaded_models.clone());
+    let told = Told::registered(
+        register.models.clone(),
+        register.loaded_models.clone(),
+        register.model_info.clone(),
+    );
     let _ = out.send(&WorkerMessage::Register(register));
     let _ = stream.set_read_timeout(Some(ACK_TIMEOUT));
     let ack = match next_message(&mut ctx, &mut reader, &out) {
@@ -150,7 +154,8 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
 
 /// `register` lists no models while the backend is down: the server's features are not
 /// known yet, and an empty list keeps any server from routing here meanwhile. It carries
-/// the backend's kind and loaded models when known (an original server ignores both).
+/// the backend's kind, loaded models and model descriptions when known (an original
+/// server ignores them).
 fn register_message(shared: &Shared) -> RegisterMessage {
     let models = if shared.health.is_down() {
         Vec::new()
@@ -158,6 +163,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         shared.models.lock().clone()
     };
     let loaded_models = shared.residency.loaded_among(&models);
+    let model_info = shared.residency.info_among(&models);
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
         models,
@@ -172,6 +178,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         ],
         loaded_models,
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
+        model_info,
     }
 }
 
@@ -276,6 +283,7 @@ pub fn announce_drain(shared: &Shared, link: &Link) {
             models: Vec::new(),
             current_load: shared.inflight.len() as u32,
             loaded_models: None,
+            model_info: None,
         }
     };
     link.out.send(&msg);

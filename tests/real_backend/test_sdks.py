@@ -290,6 +290,9 @@ def test_ollama_tags_ps_show():
     assert MODEL in running and all(n in names for n in running), running
     shown = ol.show(MODEL)
     assert "completion" in (shown.capabilities or []), shown
+    # The worker read llama-server's context size from /props.
+    ctx = [v for k, v in (shown.modelinfo or {}).items() if k.endswith(".context_length")]
+    assert ctx and ctx[0] > 0, shown
 
 
 def test_ollama_disconnect_frees_the_slot():

@@ -7,6 +7,10 @@ use std::time::Instant;
 
 use super::outliers::{Health, Record};
 use super::RequestId;
+use crate::protocol::{ModelInfo, ModelInfoMap};
+
+/// Capabilities kept per model description (a worker's word, bounded).
+const MAX_CAPABILITIES: usize = 16;
 
 /// Dispatcher-assigned worker key (the connection number).
 pub type WorkerId = u64;
@@ -39,6 +43,8 @@ pub struct Worker {
     loaded: Option<HashSet<String>>,
     /// What its backend is, when the worker reports it.
     pub backend_kind: Option<String>,
+    /// What its backend says about its models, when the worker reports it.
+    model_info: Option<ModelInfoMap>,
 }
 
 /// Whether a worker takes new work.
@@ -84,7 +90,33 @@ impl Worker {
             record: Record::default(),
             loaded: None,
             backend_kind: None,
+            model_info: None,
         }
+    }
+
+    /// Records what the backend says about its models (`None`: not reported), keeping
+    /// only advertised models and a bounded list of capabilities each.
+    pub fn set_model_info(&mut self, info: Option<ModelInfoMap>) {
+        self.model_info = info.map(|map| {
+            map.into_iter()
+                .filter(|(m, _)| self.model_set.contains(m))
+                .map(|(m, mut i)| {
+                    i.capabilities.truncate(MAX_CAPABILITIES);
+                    (m, i)
+                })
+                .collect()
+        });
+    }
+
+    /// What the backend says about its advertised models (`None`: not reported).
+    pub fn model_info(&self) -> Option<ModelInfoMap> {
+        let info = self.model_info.as_ref()?;
+        Some(
+            info.iter()
+                .filter(|(m, _)| self.model_set.contains(*m))
+                .map(|(m, i)| (m.clone(), i.clone()))
+                .collect(),
+        )
     }
 
     /// Records which models the backend holds in memory (`None`: not reported).
@@ -220,6 +252,26 @@ impl Registry {
             .collect()
     }
 
+    /// What the non-draining workers say about their models, merged per model: the first
+    /// known context length (in worker order) and the union of the capabilities.
+    pub fn model_info(&self) -> ModelInfoMap {
+        let mut merged = ModelInfoMap::new();
+        for w in self.workers.values().filter(|w| !w.is_draining()) {
+            for (m, info) in w.model_info().unwrap_or_default() {
+                let entry: &mut ModelInfo = merged.entry(m).or_default();
+                if entry.context_length.is_none() {
+                    entry.context_length = info.context_length;
+                }
+                for c in info.capabilities {
+                    if !entry.capabilities.contains(&c) {
+                        entry.capabilities.push(c);
+                    }
+                }
+            }
+        }
+        merged
+    }
+
     /// Union of the models of connected, non-draining workers, in first-seen order.
     pub fn routable_models(&self) -> Vec<String> {
         let mut seen = HashSet::new();
@@ -266,4 +318,64 @@ pub fn sanitize_models(models: Vec<String>, cap: usize) -> (Vec<String>, Vec<Str
         out.truncate(cap);
     }
     (out, warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(id: WorkerId, models: &[&str], info: &[(&str, Option<u64>, &[&str])]) -> Worker {
+        let mut w = Worker::new(
+            id,
+            format!("w{id}"),
+            "test".into(),
+            models.iter().map(|m| m.to_string()).collect(),
+            1,
+            None,
+            vec![],
+            Instant::now(),
+        );
+        w.set_model_info(Some(
+            info.iter()
+                .map(|(m, ctx, caps)| {
+                    let i = ModelInfo {
+                        context_length: *ctx,
+                        capabilities: caps.iter().map(|c| c.to_string()).collect(),
+                    };
+                    (m.to_string(), i)
+                })
+                .collect(),
+        ));
+        w
+    }
+
+    #[test]
+    fn model_info_merges_the_first_context_length_and_every_capability() {
+        let mut r = Registry::default();
+        r.insert(worker(
+            1,
+            &["a", "b"],
+            &[
+                ("a", None, &["completion"]),
+                ("b", Some(2048), &["embedding"]),
+                ("not-advertised", Some(1), &["x"]),
+            ],
+        ));
+        r.insert(worker(
+            2,
+            &["a"],
+            &[("a", Some(8192), &["completion", "tools"])],
+        ));
+        r.insert(worker(3, &["a"], &[("a", Some(4096), &["vision"])]));
+        let merged = r.model_info();
+        assert_eq!(merged.len(), 2, "{merged:?}");
+        assert_eq!(merged["a"].context_length, Some(8192));
+        assert_eq!(merged["a"].capabilities, ["completion", "tools", "vision"]);
+        assert_eq!(merged["b"].context_length, Some(2048));
+        assert_eq!(merged["b"].capabilities, ["embedding"]);
+        // A draining worker no longer counts.
+        r.get_mut(2).unwrap().drain = DrainState::DrainingByWorker;
+        assert_eq!(r.model_info()["a"].context_length, Some(4096));
+        assert_eq!(r.model_info()["a"].capabilities, ["completion", "vision"]);
+    }
 }

@@ -90,6 +90,9 @@ pub struct WorkerInfo {
     pub loaded_models: Option<Vec<String>>,
     /// What its backend is (`ollama`, `llama-server`, `vllm`, `openai`), when reported.
     pub backend_kind: Option<String>,
+    /// What its backend says about its models (context length, capabilities), when
+    /// reported.
+    pub model_info: Option<crate::protocol::ModelInfoMap>,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -139,6 +142,7 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
             models_version = core.models_version();
             shared.set_models(core.registry().routable_models());
             shared.set_loaded(core.registry().loaded_models());
+            shared.set_model_info(core.registry().model_info());
         }
         if exit {
             return;
@@ -267,6 +271,7 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
             consecutive_failures: w.record.consecutive_failures,
             loaded_models: w.loaded_models(),
             backend_kind: w.backend_kind.clone(),
+            model_info: w.model_info(),
         })
         .collect()
 }

@@ -59,6 +59,7 @@ impl Harness {
             features: vec![],
             loaded_models: None,
             backend_kind: None,
+            model_info: None,
         };
         self.ev(Event::WorkerJoined {
             id,
@@ -219,6 +220,7 @@ fn register_is_acked_with_sanitized_models_and_warnings() {
         features: vec![],
         loaded_models: None,
         backend_kind: None,
+        model_info: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 7,
@@ -247,6 +249,7 @@ fn unsupported_protocol_version_is_closed_without_registering() {
         features: vec![],
         loaded_models: None,
         backend_kind: None,
+        model_info: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 1,
@@ -384,6 +387,7 @@ fn queue_drains_whenever_capacity_appears() {
             models: vec!["m".into(), "new".into()],
             current_load: 0,
             loaded_models: None,
+            model_info: None,
         },
     );
     assert!(dispatched(&a).is_empty(), "still full with request 4");
@@ -1230,6 +1234,7 @@ fn loaded(h: &mut Harness, worker: WorkerId, models: &[&str], loaded: &[&str]) {
             models: models.iter().map(|m| m.to_string()).collect(),
             current_load: 0,
             loaded_models: Some(loaded.iter().map(|m| m.to_string()).collect()),
+            model_info: None,
         },
     );
 }

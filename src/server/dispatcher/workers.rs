@@ -8,7 +8,7 @@ use super::{
     sanitize_models, unix_ms, Action, ClientEvent, Dispatcher, DrainState, Failure, Phase,
     RegisterAck, RequestId, Stage, Timer, Worker, WorkerId,
 };
-use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::protocol::{self, ModelInfoMap, RegisterMessage, ServerMessage, WorkerMessage};
 
 /// A request is dispatched at most this often (first try plus failovers and requeues).
 const MAX_ATTEMPTS: usize = 3;
@@ -74,6 +74,7 @@ impl Dispatcher {
         worker.set_reported_load(reg.current_load.unwrap_or(0));
         worker.set_loaded(reg.loaded_models);
         worker.backend_kind = reg.backend_kind;
+        worker.set_model_info(reg.model_info);
         let ack = RegisterAck {
             worker_id: worker.wire_id.clone(),
             models: worker.models.clone(),
@@ -164,7 +165,8 @@ impl Dispatcher {
                 models,
                 current_load,
                 loaded_models,
-            } => self.models_update(worker, models, current_load, loaded_models, now),
+                model_info,
+            } => self.models_update(worker, models, current_load, loaded_models, model_info, now),
             WorkerMessage::WorkerDraining {} => {
                 if let Some(w) = self.registry.get_mut(worker) {
                     info!("worker {} ({}) is draining", w.wire_id, w.name);
@@ -205,6 +207,7 @@ impl Dispatcher {
         models: Vec<String>,
         load: u32,
         loaded: Option<Vec<String>>,
+        info: Option<ModelInfoMap>,
         now: Instant,
     ) {
         let Some(w) = self.registry.get_mut(worker) else {
@@ -225,6 +228,10 @@ impl Dispatcher {
             .cloned()
             .collect();
         w.set_models(models.clone());
+        // Absent: unchanged. Set after the models, so only advertised ones are kept.
+        if info.is_some() {
+            w.set_model_info(info);
+        }
         w.set_reported_load(load);
         self.note_models_seen(&dropped, now);
         self.note_models_seen(&models, now);

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use super::translate::{self, Endpoint, StreamConverter, Timing};
+use crate::protocol::ModelInfo;
 use crate::server::errors::{ApiError, Style};
 use crate::server::http::request::{Conn, Request};
 use crate::server::relay::{self, Job, Reshape};
@@ -183,7 +184,12 @@ pub fn ps(conn: &mut Conn, ctx: &Ctx, keep_alive: bool) -> bool {
     conn.write_json(200, &json!({ "models": models }), keep_alive)
 }
 
-/// `POST /api/show`: what the relay knows of a model (its workers report little yet).
+/// `POST /api/show`: what the relay knows of a model, from what its workers' backends
+/// say (merged over the workers). `capabilities` as they report them, `["completion"]`
+/// when none reported any; the context length, when known, under `model_info` as
+/// `general.context_length`: Ollama names it `<architecture>.context_length`, and
+/// clients look for the key ending in `.context_length`; the relay knows no
+/// architecture, so it invents none.
 pub fn show(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let keep = req.keep_alive;
     let v: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
@@ -195,17 +201,55 @@ pub fn show(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         let e = ApiError::new(404, "model_not_found", format!("model '{name}' not found"));
         return relay::write_error(conn, Style::Ollama, &e, keep, None);
     }
-    // Workers do not describe their models yet: what the relay can vouch for is that
-    // it completes with them.
-    let capabilities = json!(["completion"]);
+    let (capabilities, model_info) = show_info(ctx.shared.model_info().get(name));
     let body = json!({
         "modelfile": "",
         "parameters": "",
         "template": "",
         "details": model_entry(name, "")["details"],
-        "model_info": {},
+        "model_info": model_info,
         "capabilities": capabilities,
         "modified_at": translate::rfc3339(ctx.started_unix * 1000),
     });
     conn.write_json(200, &body, keep)
+}
+
+/// `capabilities` and `model_info` of `/api/show` for what workers said of a model.
+fn show_info(info: Option<&ModelInfo>) -> (Value, Value) {
+    let capabilities = match info {
+        Some(i) if !i.capabilities.is_empty() => json!(i.capabilities),
+        // Nothing reported: what the relay can vouch for is that it completes with it.
+        _ => json!(["completion"]),
+    };
+    let model_info = match info.and_then(|i| i.context_length) {
+        Some(n) => json!({ "general.context_length": n }),
+        None => json!({}),
+    };
+    (capabilities, model_info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_answers_from_what_workers_reported() {
+        let (caps, info) = show_info(None);
+        assert_eq!(caps, json!(["completion"]));
+        assert_eq!(info, json!({}));
+        let reported = ModelInfo {
+            context_length: Some(8192),
+            capabilities: vec!["completion".into(), "tools".into()],
+        };
+        let (caps, info) = show_info(Some(&reported));
+        assert_eq!(caps, json!(["completion", "tools"]));
+        assert_eq!(info, json!({"general.context_length": 8192}));
+        let (caps, info) = show_info(Some(&ModelInfo::default()));
+        assert_eq!(
+            caps,
+            json!(["completion"]),
+            "an empty list is no capability list"
+        );
+        assert_eq!(info, json!({}));
+    }
 }
