@@ -373,7 +373,11 @@ fn shutdown_refuses_new_work_drains_in_flight_then_finishes() {
 
 #[test]
 fn two_hundred_concurrent_requests_across_four_workers_no_loss_no_duplicates() {
-    let server = TestServer::start_with(|c| c.dispatch.max_queue_len = 500);
+    // All 200 are the `default` tenant: its share of the queue must hold them too.
+    let server = TestServer::start_with(|c| {
+        c.dispatch.max_queue_len = 500;
+        c.dispatch.max_queue_per_tenant = 500;
+    });
     let workers: Vec<FakeWorker> = (0..4)
         .map(|_| FakeWorker::connect(server.addr, &["m"], 8))
         .collect();
