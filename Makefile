@@ -13,7 +13,7 @@ BINS = modelrelay-server modelrelay-worker
 FEATURES ?=
 FEATURE_FLAGS = $(if $(FEATURES),--features $(FEATURES),)
 
-.PHONY: build release static run test test-rust bench bench-queue bench-failover install uninstall clean lint
+.PHONY: build release static run test test-rust bench bench-queue bench-usage bench-failover install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -55,6 +55,11 @@ bench:
 # Dispatch cost with 100 / 1,000 / 10,000 queued requests across many tenants.
 bench-queue:
 	$(CARGO) run --release --example queue_bench
+
+# Usage journal after a simulated year (100 models x 100 keys, hourly): size on disk,
+# start-up load time, cost per add and per flush.
+bench-usage:
+	$(CARGO) run --release --example usage_journal_bench
 
 # Failover figures: a dead or a wedged backend beside a healthy one
 # (two workers x 4 slots, ~0.2 s answers), and how soon a revived backend takes work.

@@ -9,6 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
+use modelrelay::server::tenancy::gate::TRACKED_TENANTS;
 use modelrelay::server::tenancy::limits::Rate;
 use serde_json::{json, Value};
 
@@ -261,13 +262,17 @@ fn a_flood_of_made_up_tenants_keeps_memory_flat() {
     let before = rss_kb();
     flood(5_000, 25_000);
     let after = rss_kb();
+    // RSS is the whole test process (other tests run beside this one), so it is printed
+    // as a figure; what is asserted is that every table a tenant id lands in is bounded.
     eprintln!("RSS after 5,000 tenants: {before} kB, after 25,000: {after} kB");
-    assert!(
-        after < before + 8 * 1024,
-        "memory grew by {} kB",
-        after - before
-    );
     let stats = admin(&server, "GET", "/admin/stats", None).json();
+    let tracked = stats["rate_limit_tenants_tracked"]
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(
+        tracked as usize <= TRACKED_TENANTS,
+        "{tracked} tenants tracked after 25,000 made-up ids"
+    );
     let named = stats["tenants"].as_object().map_or(0, |t| t.len());
     assert!(named <= 51, "{named} tenant names in stats");
     assert!(stats["tenants"]["other"]["rejected_by_reason"]["model_not_found"].is_u64());

@@ -29,6 +29,7 @@ pub mod relay;
 pub mod shared;
 pub mod status;
 pub mod tenancy;
+pub mod usage;
 pub mod worker_socket;
 
 use std::io::Write;

@@ -372,6 +372,7 @@ fn admin_stats(ctx: &Ctx) -> AdminResult {
             "tokens_by_model": tokens,
             "keys": http.keys,
             "tenants": tenant_stats(&s, &http),
+            "rate_limit_tenants_tracked": ctx.gate.tracked(),
             "auth_failures": http.auth_failures,
             "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
         }),

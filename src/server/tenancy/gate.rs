@@ -11,7 +11,7 @@ use super::policy::Policy;
 use crate::server::errors::ApiError;
 
 /// Tenants whose limiter state is kept; idle ones are dropped first (see `limits.rs`).
-const TRACKED_TENANTS: usize = 10_000;
+pub const TRACKED_TENANTS: usize = 10_000;
 
 /// The request-rate state a relayed answer reports in `x-ratelimit-*` headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
