@@ -10,7 +10,8 @@ use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::ollama::routes as ollama;
 use super::ollama::translate::Endpoint;
-use super::relay::{self, write_error};
+use super::relay;
+use super::reply::{self, write_error};
 use super::tenancy::identity::identify;
 use super::{moe, ops, status, worker_socket, Ctx};
 
@@ -50,14 +51,14 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
                             Ok(info) => relay::relay_inspected(&mut conn, ctx, req, caller, info),
                             Err(e) => {
                                 let keep = req.keep_alive;
-                                relay::reject_caller(&mut conn, ctx, path, &e, keep, Some(&caller))
+                                reply::reject_caller(&mut conn, ctx, path, &e, keep, Some(&caller))
                             }
                         }
                     }
                     Ok(caller) => relay::relay(&mut conn, ctx, req, caller),
                     Err(e) => {
                         let known = caller.with_key_tenant();
-                        relay::reject_caller(
+                        reply::reject_caller(
                             &mut conn,
                             ctx,
                             path,
@@ -67,7 +68,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
                         )
                     }
                 },
-                Err(e) => relay::reject(&mut conn, ctx, path, &e, req.keep_alive),
+                Err(e) => reply::reject(&mut conn, ctx, path, &e, req.keep_alive),
             }
         }
         ("GET", "/v1/models") => match authorize_client(ctx, &req, peer.ip()) {
@@ -80,7 +81,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
                 .and_then(|c| identify(&req, c, ctx.gate.policy()))
             {
                 Ok(caller) => ollama::infer(&mut conn, ctx, req, caller, ep),
-                Err(e) => relay::reject(&mut conn, ctx, path, &e, req.keep_alive),
+                Err(e) => reply::reject(&mut conn, ctx, path, &e, req.keep_alive),
             }
         }
         ("GET" | "HEAD", "/") => ollama::banner(&mut conn, req.method == "HEAD", req.keep_alive),

@@ -26,6 +26,7 @@ pub mod moe;
 pub mod ollama;
 pub mod ops;
 pub mod relay;
+pub mod reply;
 pub mod shared;
 pub mod status;
 pub mod tenancy;
@@ -235,7 +236,7 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let e = errors::ApiError::new(503, "too_many_connections", "connection limit reached");
             if ctx.cfg.tls.is_none() {
-                let _ = stream.write_all(&relay::error_response(
+                let _ = stream.write_all(&reply::error_response(
                     errors::Style::OpenAi,
                     &e,
                     false,

@@ -41,6 +41,7 @@ use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId}
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::relay::{self, Job, Record, Reshape, HANGUP_CHECK};
+use super::reply;
 use super::tenancy::identity::Caller;
 use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
@@ -65,7 +66,7 @@ pub fn serve(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller, info: Bod
     let keep = req.keep_alive;
     let plan = match Plan::new(&req.body, &info.model) {
         Ok(plan) => plan,
-        Err(e) => return relay::reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
+        Err(e) => return reply::reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
     };
     let final_body = {
         let _active = ctx.shared.relay_started();
@@ -125,7 +126,7 @@ fn answer_failure(conn: &mut Conn, drafts: &[Part], keep: bool) -> bool {
         return false;
     };
     let head = [("x-request-id", wire)];
-    let response = relay::error_response(Style::OpenAi, e, keep, &head);
+    let response = reply::error_response(Style::OpenAi, e, keep, &head);
     conn.stream.write_all(&response).is_ok() && keep
 }
 

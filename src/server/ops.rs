@@ -15,7 +15,7 @@ use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::keys::KeyGrant;
 use super::metrics::{Exposition, HttpInner};
-use super::relay::write_error;
+use super::reply::write_error;
 use super::tenancy::identity::valid_tenant;
 use super::tenancy::limits::Rate;
 use super::Ctx;

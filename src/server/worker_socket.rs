@@ -21,7 +21,7 @@ use super::dispatcher::runtime::{Input, Outbound};
 use super::dispatcher::{Event, WorkerId};
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
-use super::relay::write_error;
+use super::reply::write_error;
 use super::Ctx;
 use crate::net::Stream;
 use crate::protocol::{RegisterMessage, WorkerMessage};

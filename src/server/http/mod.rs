@@ -11,7 +11,7 @@ use log::debug;
 
 use super::dispatcher::wire_request_id;
 use super::errors::{ApiError, Style};
-use super::relay::write_error;
+use super::reply::write_error;
 use super::Ctx;
 use crate::net::Stream;
 use request::{Conn, ReadError};

@@ -16,6 +16,7 @@ use crate::protocol::ModelInfo;
 use crate::server::errors::{ApiError, Style};
 use crate::server::http::request::{Conn, Request};
 use crate::server::relay::{self, Job, Reshape};
+use crate::server::reply;
 use crate::server::tenancy::identity::Caller;
 use crate::server::Ctx;
 
@@ -47,7 +48,7 @@ pub fn infer(conn: &mut Conn, ctx: &Ctx, req: Request, caller: Caller, ep: Endpo
         Ok(t) => t,
         Err(e) => {
             let e = ApiError::new(e.status, "invalid_request", e.message);
-            return relay::reject_caller(conn, ctx, &req.path, &e, req.keep_alive, Some(&caller));
+            return reply::reject_caller(conn, ctx, &req.path, &e, req.keep_alive, Some(&caller));
         }
     };
     let shape = OllamaShape {
@@ -195,11 +196,11 @@ pub fn show(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let v: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let Some(name) = v["model"].as_str().or_else(|| v["name"].as_str()) else {
         let e = ApiError::new(400, "invalid_request", "model is required");
-        return relay::write_error(conn, Style::Ollama, &e, keep, None);
+        return reply::write_error(conn, Style::Ollama, &e, keep, None);
     };
     if !ctx.shared.models().iter().any(|m| m == name) {
         let e = ApiError::new(404, "model_not_found", format!("model '{name}' not found"));
-        return relay::write_error(conn, Style::Ollama, &e, keep, None);
+        return reply::write_error(conn, Style::Ollama, &e, keep, None);
     }
     let (capabilities, model_info) = show_info(ctx.shared.model_info().get(name));
     let body = json!({
