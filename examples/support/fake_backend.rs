@@ -3,7 +3,9 @@
 //!
 //! * `GET /v1/models` lists [`FakeBackend::model`].
 //! * `POST /v1/...` answers a chat completion; with `"stream": true` it streams one SSE
-//!   event per word of the answer (chunked encoding, no pauses) and `data: [DONE]`.
+//!   event per word of the answer (chunked encoding, no pauses) and `data: [DONE]`; with
+//!   `"stream_options":{"include_usage":true}` also a usage-only event (`"choices":[]`)
+//!   just before `[DONE]`, as llama-server and vLLM do.
 //! * Tests pick other behaviour with a `"scenario"` field in the body; see [`Scenario`].
 //! * [`FakeBackend::spawn_stoppable`] serves until [`Running::stop`], which closes the
 //!   listener and every open connection (a backend that died); [`FakeBackend::resetting`]
@@ -129,7 +131,13 @@ enum Scenario {
     /// Stream normally, then close the connection although keep-alive was implied
     /// (what llama-server does).
     CloseAfter,
+    /// Stream normally, but in pieces of [`SPLIT_PIECE`] bytes with pauses: events (and
+    /// their blank-line ends) are cut across reads.
+    SplitEvents,
 }
+
+/// The piece size of the `split-events` scenario.
+const SPLIT_PIECE: usize = 13;
 
 fn scenario(body: &str) -> Scenario {
     let Some(start) = body.find("\"scenario\":\"") else {
@@ -147,6 +155,7 @@ fn scenario(body: &str) -> Scenario {
         "delay" => Scenario::Delay(arg.parse().unwrap_or(100)),
         "hold" => Scenario::Hold,
         "close-after" => Scenario::CloseAfter,
+        "split-events" => Scenario::SplitEvents,
         _ => Scenario::Normal,
     }
 }
@@ -422,6 +431,7 @@ impl FakeBackend {
     /// Answers one POST; false when the connection should close.
     fn answer(&self, out: &mut TcpStream, reader: &mut BufReader<TcpStream>, body: &str) -> bool {
         let stream = is_stream(body.as_bytes());
+        let usage = wants_usage(body);
         if let Some(delay) = self.delay {
             std::thread::sleep(delay);
         }
@@ -475,26 +485,27 @@ impl FakeBackend {
             }
             Scenario::Delay(ms) => {
                 std::thread::sleep(Duration::from_millis(ms));
-                self.normal(out, stream)
+                self.normal(out, stream, usage)
             }
             Scenario::Hold => {
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while !self.stats.released.load(Ordering::SeqCst) && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                self.normal(out, stream)
+                self.normal(out, stream, usage)
             }
             Scenario::CloseAfter => {
-                self.normal(out, true);
+                self.normal(out, true, usage);
                 false
             }
-            Scenario::Normal => self.normal(out, stream),
+            Scenario::SplitEvents if stream => self.stream_answer(out, usage, true),
+            Scenario::SplitEvents | Scenario::Normal => self.normal(out, stream, usage),
         }
     }
 
-    fn normal(&self, out: &mut TcpStream, stream: bool) -> bool {
+    fn normal(&self, out: &mut TcpStream, stream: bool, usage: bool) -> bool {
         if stream {
-            self.stream_answer(out)
+            self.stream_answer(out, usage, false)
         } else {
             respond(out, 200, "application/json", self.completion().as_bytes())
         }
@@ -511,28 +522,59 @@ impl FakeBackend {
         )
     }
 
-    fn stream_answer(&self, out: &mut TcpStream) -> bool {
-        if !start_stream(out) {
-            return false;
+    /// The SSE body of a streamed answer, one event per element; the usage-only event
+    /// (when `usage`) just before `data: [DONE]`.
+    pub fn stream_events(&self, usage: bool) -> Vec<String> {
+        let mut events: Vec<String> = self
+            .words
+            .iter()
+            .map(|word| {
+                format!(
+                    "data: {{\"object\":\"chat.completion.chunk\",\"model\":\"{}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}}}}]}}\n\n",
+                    self.model,
+                    json_string(word)
+                )
+            })
+            .collect();
+        if usage {
+            events.push(self.usage_event());
         }
-        for word in &self.words {
-            let event = format!(
-                "data: {{\"object\":\"chat.completion.chunk\",\"model\":\"{}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{}}}}}]}}\n\n",
-                self.model,
-                json_string(word)
-            );
-            if write_chunk(out, event.as_bytes()).is_err() {
-                return false;
-            }
-        }
-        let usage = format!(
+        events.push("data: [DONE]\n\n".to_string());
+        events
+    }
+
+    /// The usage-only event a stream ends with when the request asked for usage.
+    pub fn usage_event(&self) -> String {
+        format!(
             "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":5,\"completion_tokens\":{},\"total_tokens\":{}}}}}\n\n",
             self.words.len(),
             self.words.len() + 5
-        );
-        write_chunk(out, usage.as_bytes()).is_ok()
-            && write_chunk(out, b"data: [DONE]\n\n").is_ok()
-            && out.write_all(b"0\r\n\r\n").is_ok()
+        )
+    }
+
+    /// Streams [`Self::stream_events`]: one write per event, or (`split`) the whole body
+    /// in small pieces with pauses, so events and their ends are cut across reads.
+    fn stream_answer(&self, out: &mut TcpStream, usage: bool, split: bool) -> bool {
+        if !start_stream(out) {
+            return false;
+        }
+        let events = self.stream_events(usage);
+        if split {
+            let body = events.concat();
+            for piece in body.as_bytes().chunks(SPLIT_PIECE) {
+                if write_chunk(out, piece).is_err() {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            }
+        } else {
+            for event in &events {
+                if write_chunk(out, event.as_bytes()).is_err() {
+                    return false;
+                }
+            }
+        }
+        out.write_all(b"0\r\n\r\n").is_ok()
     }
 }
 
@@ -583,6 +625,11 @@ fn drip_until_closed(out: &mut TcpStream) -> bool {
 fn is_stream(body: &[u8]) -> bool {
     let text = String::from_utf8_lossy(body);
     text.contains("\"stream\":true") || text.contains("\"stream\": true")
+}
+
+/// Whether the body asks for `stream_options.include_usage` (compact or spaced JSON).
+fn wants_usage(body: &str) -> bool {
+    body.contains("\"include_usage\":true") || body.contains("\"include_usage\": true")
 }
 
 fn json_string(s: &str) -> String {

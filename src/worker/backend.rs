@@ -11,10 +11,13 @@
 use std::io::Read;
 use std::time::Duration;
 
-use log::{debug, warn};
+use log::debug;
 
 use super::inflight::Handle;
-use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, TokenCounts, WorkerMessage};
+pub use super::stream_usage::{
+    is_usage_event, usage_from_json, with_usage_requested, UsageEventFilter, UsageScanner,
+};
+use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage};
 
 /// Response headers not worth sending to the server (framing is redone there).
 const SKIPPED_HEADERS: &[&str] = &[
@@ -188,12 +191,21 @@ impl Backend {
         failover: bool,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
+        // Streams of OpenAI-style completions ask the backend for their token counts; the
+        // extra usage chunk is then stripped from what the client gets.
+        let injected = if req.is_streaming {
+            with_usage_requested(&req.endpoint_path, &req.body)
+        } else {
+            None
+        };
+        let strip_usage = injected.is_some();
+        let body: &str = injected.as_deref().unwrap_or(&req.body);
         let mut retried = false;
         let response = loop {
             if !handle.attach(agent) {
                 return Outcome::Cancelled;
             }
-            match self.send(agent, req) {
+            match self.send(agent, req, body) {
                 Ok(resp) => break resp,
                 Err(_) if handle.is_cancelled() => return Outcome::Cancelled,
                 // A pooled keep-alive connection the backend already closed (llama-server
@@ -219,7 +231,7 @@ impl Backend {
             return unavailable(status, reader, handle);
         }
         if req.is_streaming && status < 400 {
-            self.stream_body(req, status, headers, reader, handle, emit)
+            self.stream_body(req, status, headers, reader, strip_usage, handle, emit)
         } else {
             self.whole_body(req, status, headers, reader, handle, emit)
         }
@@ -229,6 +241,7 @@ impl Backend {
         &self,
         agent: &ureq::Agent,
         req: &RequestMessage,
+        body: &str,
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut builder = agent.post(&self.url(&req.endpoint_path));
         for (name, value) in &req.headers {
@@ -243,30 +256,41 @@ impl Backend {
         if !req.headers.contains_key("content-type") {
             builder = builder.header("content-type", "application/json");
         }
-        builder.send(req.body.as_bytes())
+        builder.send(body.as_bytes())
     }
 
+    /// `strip_usage`: the worker asked for usage itself, so the usage-only event is
+    /// counted but not forwarded.
+    #[allow(clippy::too_many_arguments)]
     fn stream_body(
         &self,
         req: &RequestMessage,
         status: u16,
         headers: HeaderMap,
         mut reader: impl Read,
+        strip_usage: bool,
         handle: &Handle,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
         let mut buf = vec![0u8; READ_BYTES];
         let mut carry = Utf8Carry::default();
         let mut usage = UsageScanner::default();
+        let mut filter = strip_usage.then(UsageEventFilter::default);
         loop {
             match reader.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    let text = carry.push(&buf[..n]);
+                    let mut text = carry.push(&buf[..n]);
                     if text.is_empty() {
                         continue;
                     }
                     usage.scan(&text);
+                    if let Some(filter) = &mut filter {
+                        text = filter.push(&text);
+                        if text.is_empty() {
+                            continue;
+                        }
+                    }
                     emit(WorkerMessage::ResponseChunk {
                         request_id: req.request_id.clone(),
                         chunk: text,
@@ -276,7 +300,12 @@ impl Backend {
                 Err(e) => return Outcome::StreamBroken(e.to_string()),
             }
         }
-        let tail = carry.finish();
+        let mut tail = carry.finish();
+        usage.scan(&tail);
+        if let Some(filter) = &mut filter {
+            tail = filter.push(&tail);
+            tail.push_str(&filter.finish());
+        }
         if !tail.is_empty() {
             emit(WorkerMessage::ResponseChunk {
                 request_id: req.request_id.clone(),
@@ -449,149 +478,5 @@ impl Utf8Carry {
     }
 }
 
-/// Finds the last `usage` object in an SSE stream, line by line.
-#[derive(Default)]
-pub struct UsageScanner {
-    line: String,
-    pub counts: Option<TokenCounts>,
-}
-
-impl UsageScanner {
-    pub fn scan(&mut self, text: &str) {
-        for piece in text.split_inclusive('\n') {
-            self.line.push_str(piece);
-            if !piece.ends_with('\n') {
-                // Keep a bounded partial line; usage lines are short.
-                if self.line.len() > 64 * 1024 {
-                    self.line.clear();
-                }
-                continue;
-            }
-            let line = std::mem::take(&mut self.line);
-            if let Some(data) = line.trim_end().strip_prefix("data:") {
-                if data.contains("\"usage\"") || data.contains("_tokens\"") {
-                    if let Some(c) = usage_from_json(data.trim()) {
-                        self.counts = Some(c);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Token counts from an OpenAI (`usage.prompt_tokens`...) or Anthropic
-/// (`usage.input_tokens`/`output_tokens`, also inside `message`) JSON body.
-pub fn usage_from_json(body: &str) -> Option<TokenCounts> {
-    if !body.contains("_tokens") {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(body).ok()?;
-    let usage = v
-        .get("usage")
-        .or_else(|| v.get("message")?.get("usage"))
-        .or_else(|| v.get("response")?.get("usage"))?;
-    let n = |k: &str| usage.get(k).and_then(|x| x.as_u64());
-    let prompt = n("prompt_tokens").or_else(|| n("input_tokens"));
-    let completion = n("completion_tokens").or_else(|| n("output_tokens"));
-    let total = n("total_tokens").or(match (prompt, completion) {
-        (Some(p), Some(c)) => Some(p + c),
-        _ => None,
-    });
-    if prompt.is_none() && completion.is_none() && total.is_none() {
-        warn!("usage object without token counts");
-        return None;
-    }
-    Some(TokenCounts {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        total_tokens: total,
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_multibyte_characters_are_carried_to_the_next_piece() {
-        let text = "héllo 🌍!";
-        let bytes = text.as_bytes();
-        let mut carry = Utf8Carry::default();
-        let mut out = String::new();
-        for b in bytes {
-            out.push_str(&carry.push(std::slice::from_ref(b)));
-        }
-        out.push_str(&carry.finish());
-        assert_eq!(out, text);
-        let mut carry = Utf8Carry::default();
-        assert_eq!(carry.push(&[b'a', 0xF0, 0x9F]), "a");
-        assert_eq!(carry.push(&[0x8C, 0x8D, b'b']), "🌍b");
-        assert_eq!(carry.push(&[0xFF, b'c']), "\u{FFFD}c");
-    }
-
-    #[test]
-    fn usage_is_found_in_openai_and_anthropic_shapes() {
-        let openai = r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;
-        assert_eq!(usage_from_json(openai).unwrap().total_tokens, Some(7));
-        let anthropic =
-            r#"{"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1}}}"#;
-        let c = usage_from_json(anthropic).unwrap();
-        assert_eq!(
-            (c.prompt_tokens, c.completion_tokens, c.total_tokens),
-            (Some(5), Some(1), Some(6))
-        );
-        assert!(usage_from_json(r#"{"choices":[]}"#).is_none());
-    }
-
-    #[test]
-    fn usage_scanner_handles_lines_split_across_chunks() {
-        let mut s = UsageScanner::default();
-        s.scan("data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_");
-        assert!(s.counts.is_none());
-        s.scan("tokens\":2,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n");
-        assert_eq!(s.counts.unwrap().total_tokens, Some(5));
-    }
-
-    #[test]
-    fn only_failures_without_an_answer_count_as_connection_failures() {
-        use std::io::{Error, ErrorKind};
-        for kind in [
-            ErrorKind::ConnectionRefused,
-            ErrorKind::ConnectionReset,
-            ErrorKind::UnexpectedEof,
-        ] {
-            assert!(is_connection_failure(&ureq::Error::Io(Error::from(kind))));
-        }
-        assert!(is_connection_failure(&ureq::Error::Timeout(
-            ureq::Timeout::Connect
-        )));
-        assert!(is_connection_failure(&ureq::Error::ConnectionFailed));
-        assert!(!is_connection_failure(&ureq::Error::Io(Error::from(
-            ErrorKind::InvalidData
-        ))));
-        assert!(!is_connection_failure(&ureq::Error::Timeout(
-            ureq::Timeout::RecvBody
-        )));
-        assert!(!is_connection_failure(&ureq::Error::StatusCode(500)));
-    }
-
-    #[test]
-    fn a_503_body_is_kept_short_for_the_error_message() {
-        let long = "é".repeat(2000);
-        let outcome = unavailable(503, long.as_bytes(), &Handle::default());
-        let Outcome::Unavailable { status, body } = outcome else {
-            panic!("{outcome:?}")
-        };
-        assert_eq!(status, 503);
-        assert_eq!(body.chars().count(), UNAVAILABLE_BODY_CHARS);
-    }
-
-    #[test]
-    fn model_lists_parse() {
-        assert_eq!(
-            parse_model_list(r#"{"data":[{"id":"a"},{"id":"b"}]}"#).unwrap(),
-            vec!["a", "b"]
-        );
-        assert!(parse_model_list("[]").is_err());
-    }
-}
+mod tests;

@@ -20,6 +20,7 @@ pub mod health;
 pub mod inflight;
 pub mod session;
 pub mod slots;
+pub mod stream_usage;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

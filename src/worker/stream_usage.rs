@@ -1,0 +1,222 @@
+//! Token usage in streams: the worker asks the backend for the final usage chunk when
+//! the client did not ([`with_usage_requested`]), keeps it from the client then
+//! ([`UsageEventFilter`]), and reads the counts from whatever it saw ([`UsageScanner`],
+//! [`usage_from_json`]) for `response_complete.token_counts`.
+
+use log::warn;
+
+use crate::protocol::TokenCounts;
+
+/// The OpenAI-style endpoints whose streams can carry a usage-only chunk on request.
+const USAGE_OPTION_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions"];
+/// A pending event longer than this is not a usage event (those are a few hundred
+/// bytes): it is forwarded without waiting for its end.
+pub(crate) const MAX_HELD_EVENT: usize = 64 * 1024;
+
+/// For a streaming request to `/v1/chat/completions` or `/v1/completions` whose body
+/// does not already ask for `stream_options.include_usage`, the body with that option
+/// added (merged into an existing `stream_options` object). `None` means "send the body
+/// as it is": other endpoints, bodies that already ask, bodies that do not stream, and
+/// bodies that are not a JSON object.
+pub fn with_usage_requested(endpoint_path: &str, body: &str) -> Option<String> {
+    let path = endpoint_path.split('?').next().unwrap_or_default();
+    if !USAGE_OPTION_PATHS.contains(&path) {
+        return None;
+    }
+    // Fast path: the client asked for usage itself (the common compact spellings).
+    if body.contains("\"include_usage\":true") || body.contains("\"include_usage\": true") {
+        return None;
+    }
+    let mut v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let obj = v.as_object_mut()?;
+    if obj.get("stream").and_then(|s| s.as_bool()) != Some(true) {
+        return None;
+    }
+    match obj.get_mut("stream_options") {
+        Some(serde_json::Value::Object(options)) => {
+            if options.get("include_usage").and_then(|u| u.as_bool()) == Some(true) {
+                return None;
+            }
+            options.insert("include_usage".into(), serde_json::Value::Bool(true));
+        }
+        None | Some(serde_json::Value::Null) => {
+            obj.insert(
+                "stream_options".into(),
+                serde_json::json!({ "include_usage": true }),
+            );
+        }
+        // Something the backend would reject anyway: leave it as the client sent it.
+        Some(_) => return None,
+    }
+    serde_json::to_string(&v).ok()
+}
+
+/// Removes the usage-only event (`"choices":[]` with a `usage` object) from an SSE
+/// stream, passing everything else through unchanged and in order. Whole events are
+/// held until their blank-line end, since any of them could be the usage event; an
+/// event that grows past [`MAX_HELD_EVENT`] is forwarded as it comes.
+#[derive(Default)]
+pub struct UsageEventFilter {
+    /// The start of an event whose end has not arrived yet.
+    held: String,
+    /// Forwarding a long event as it comes, until its end.
+    passing: bool,
+    /// The last few bytes forwarded while `passing` (an event end split across reads).
+    passed_tail: String,
+}
+
+impl UsageEventFilter {
+    /// Takes the next piece of the stream; returns what can be forwarded now.
+    pub fn push(&mut self, text: &str) -> String {
+        let mut out = String::new();
+        let mut rest = text;
+        if self.passing {
+            // Look for the event's end, also across the previous piece.
+            let joined = format!("{}{}", self.passed_tail, rest);
+            match event_end(&joined) {
+                Some(end) => {
+                    let cut = end - self.passed_tail.len();
+                    out.push_str(&rest[..cut]);
+                    rest = &rest[cut..];
+                    self.passing = false;
+                    self.passed_tail.clear();
+                }
+                None => {
+                    out.push_str(rest);
+                    self.passed_tail = last_chars(&joined, 3);
+                    return out;
+                }
+            }
+        }
+        self.held.push_str(rest);
+        let mut start = 0;
+        while let Some(end) = event_end(&self.held[start..]) {
+            let event = &self.held[start..start + end];
+            if !is_usage_event(event) {
+                out.push_str(event);
+            }
+            start += end;
+        }
+        self.held.drain(..start);
+        if self.held.len() > MAX_HELD_EVENT {
+            out.push_str(&self.held);
+            self.passed_tail = last_chars(&self.held, 3);
+            self.held.clear();
+            self.passing = true;
+        }
+        out
+    }
+
+    /// The end of the stream: an unterminated last event is forwarded (unless it is the
+    /// usage event).
+    pub fn finish(&mut self) -> String {
+        let held = std::mem::take(&mut self.held);
+        if is_usage_event(&held) {
+            String::new()
+        } else {
+            held
+        }
+    }
+}
+
+/// The byte just past the first event end (a blank line: `\n\n` or `\r\n\r\n`).
+fn event_end(text: &str) -> Option<usize> {
+    let lf = text.find("\n\n").map(|i| i + 2);
+    let crlf = text.find("\r\n\r\n").map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// At most the last `n` characters of `text`.
+fn last_chars(text: &str, n: usize) -> String {
+    let start = text
+        .char_indices()
+        .rev()
+        .nth(n.saturating_sub(1))
+        .map_or(0, |(i, _)| i);
+    text[start..].to_string()
+}
+
+/// Whether one SSE event is the usage-only chunk: its data is a JSON object with an
+/// empty `choices` list and a `usage` object.
+pub fn is_usage_event(event: &str) -> bool {
+    if !event.contains("usage") || !event.contains("choices") {
+        return false;
+    }
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    if data.is_empty() {
+        return false;
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&data.join("\n")) else {
+        return false;
+    };
+    v.get("choices")
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| c.is_empty())
+        && v.get("usage").is_some_and(|u| u.is_object())
+}
+
+/// Finds the last `usage` object in an SSE stream, line by line.
+#[derive(Default)]
+pub struct UsageScanner {
+    line: String,
+    pub counts: Option<TokenCounts>,
+}
+
+impl UsageScanner {
+    pub fn scan(&mut self, text: &str) {
+        for piece in text.split_inclusive('\n') {
+            self.line.push_str(piece);
+            if !piece.ends_with('\n') {
+                // Keep a bounded partial line; usage lines are short.
+                if self.line.len() > 64 * 1024 {
+                    self.line.clear();
+                }
+                continue;
+            }
+            let line = std::mem::take(&mut self.line);
+            if let Some(data) = line.trim_end().strip_prefix("data:") {
+                if data.contains("\"usage\"") || data.contains("_tokens\"") {
+                    if let Some(c) = usage_from_json(data.trim()) {
+                        self.counts = Some(c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Token counts from an OpenAI (`usage.prompt_tokens`...) or Anthropic
+/// (`usage.input_tokens`/`output_tokens`, also inside `message`) JSON body.
+pub fn usage_from_json(body: &str) -> Option<TokenCounts> {
+    if !body.contains("_tokens") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    let usage = v
+        .get("usage")
+        .or_else(|| v.get("message")?.get("usage"))
+        .or_else(|| v.get("response")?.get("usage"))?;
+    let n = |k: &str| usage.get(k).and_then(|x| x.as_u64());
+    let prompt = n("prompt_tokens").or_else(|| n("input_tokens"));
+    let completion = n("completion_tokens").or_else(|| n("output_tokens"));
+    let total = n("total_tokens").or(match (prompt, completion) {
+        (Some(p), Some(c)) => Some(p + c),
+        _ => None,
+    });
+    if prompt.is_none() && completion.is_none() && total.is_none() {
+        warn!("usage object without token counts");
+        return None;
+    }
+    Some(TokenCounts {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: total,
+    })
+}
