@@ -21,10 +21,11 @@
 
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
+#[path = "support/process.rs"]
+mod process;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,6 +34,7 @@ use crossbeam_channel::Receiver;
 use fake_backend::{FakeBackend, Observed};
 use modelrelay::protocol::{to_json, ResponseComplete, ServerMessage, WorkerMessage};
 use modelrelay::ws::{self, ReadHalf, Writer};
+use process::{free_addr, Process};
 use tungstenite::client::IntoClientRequest;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
@@ -545,22 +547,6 @@ fn spawn_fake_worker(relay: SocketAddr, model: &str, max: u32, backend: FakeBack
     });
 }
 
-/// A child process killed when dropped.
-struct Process(Child);
-
-impl Process {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct ServerProcess {
     process: Process,
     addr: SocketAddr,
@@ -568,24 +554,18 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start() -> ServerProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("port")
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let child = Command::new(binary("modelrelay-server"))
-            .env("WORKER_SECRET", SECRET)
-            .env("LISTEN_ADDR", addr.to_string())
-            .env("LOG_LEVEL", "warn")
-            .env("MAX_QUEUE_LEN", "1000")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start modelrelay-server (build it with `cargo build --release` first)");
+        let addr = free_addr();
+        let process = Process::spawn(
+            "modelrelay-server",
+            &[
+                ("WORKER_SECRET", SECRET.into()),
+                ("LISTEN_ADDR", addr.to_string()),
+                ("LOG_LEVEL", "warn".into()),
+                ("MAX_QUEUE_LEN", "1000".into()),
+            ],
+        );
         wait_for(|| TcpStream::connect(addr).is_ok());
-        ServerProcess {
-            process: Process(child),
-            addr,
-        }
+        ServerProcess { process, addr }
     }
 
     fn pid(&self) -> u32 {
@@ -597,17 +577,17 @@ struct WorkerProcess(Process);
 
 impl WorkerProcess {
     fn start(server: SocketAddr, backend: SocketAddr, slots: &str) -> WorkerProcess {
-        let child = Command::new(binary("modelrelay-worker"))
-            .env("WORKER_SECRET", SECRET)
-            .env("PROXY_URL", format!("http://{server}"))
-            .env("BACKEND_URL", format!("http://{backend}"))
-            .env("MODELS", MODEL)
-            .env("MAX_CONCURRENCY", slots)
-            .env("LOG_LEVEL", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start modelrelay-worker");
-        WorkerProcess(Process(child))
+        WorkerProcess(Process::spawn(
+            "modelrelay-worker",
+            &[
+                ("WORKER_SECRET", SECRET.into()),
+                ("PROXY_URL", format!("http://{server}")),
+                ("BACKEND_URL", format!("http://{backend}")),
+                ("MODELS", MODEL.into()),
+                ("MAX_CONCURRENCY", slots.into()),
+                ("LOG_LEVEL", "warn".into()),
+            ],
+        ))
     }
 
     fn pid(&self) -> u32 {
@@ -715,15 +695,6 @@ fn cancel_latency(backend: SocketAddr, closed: &Receiver<Duration>, rounds: usiz
     }
     drop(worker);
     Samples(out)
-}
-
-fn binary(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("exe");
-    // target/release/examples/bench -> target/release/<name>
-    exe.parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join(name))
-        .expect("target dir")
 }
 
 fn health(addr: SocketAddr) -> String {

@@ -22,16 +22,16 @@
 mod fake_backend;
 #[path = "support/load.rs"]
 mod load;
+#[path = "support/process.rs"]
+mod process;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_backend::{FakeBackend, Running};
-use parking_lot::Mutex;
+use process::{free_addr, Process};
 use serde_json::Value;
 
 const SECRET: &str = "failover-bench-secret";
@@ -385,44 +385,6 @@ fn metric(metrics: &str, name: &str) -> String {
         .to_string()
 }
 
-/// A child process killed when dropped; its stderr lines are kept.
-struct Process {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Process {
-    fn spawn(name: &str, env: &[(&str, String)]) -> Process {
-        let mut cmd = Command::new(binary(name));
-        cmd.env_clear();
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("start {name} ({e}); build it first: cargo build --release --bins")
-            });
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let (sink, stderr) = (lines.clone(), child.stderr.take().expect("stderr"));
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().push(line);
-            }
-        });
-        Process { child, lines }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct ServerProcess {
     _process: Process,
     addr: SocketAddr,
@@ -430,13 +392,9 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start() -> ServerProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("port")
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let addr = free_addr();
         // Never created: the key store finds no file and starts empty.
-        let state = std::env::temp_dir().join(format!("modelrelay-failover-bench-{port}"));
+        let state = std::env::temp_dir().join(format!("modelrelay-failover-bench-{}", addr.port()));
         let process = Process::spawn(
             "modelrelay-server",
             &[
@@ -497,15 +455,6 @@ fn start_worker(
         env.push((k, v.to_string()));
     }
     Process::spawn("modelrelay-worker", &env)
-}
-
-fn binary(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("exe");
-    // target/release/examples/failover_bench -> target/release/<name>
-    exe.parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join(name))
-        .expect("target dir")
 }
 
 fn wait_for(what: &str, cond: impl Fn() -> bool) {

@@ -1,0 +1,71 @@
+//! Release binaries started by the benches: found beside the running example, killed
+//! when dropped, their stderr lines kept for the bench to read.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// A child process killed when dropped; its stderr lines are kept.
+pub struct Process {
+    child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Process {
+    /// Starts `target/<profile>/<name>` with exactly `env`.
+    pub fn spawn(name: &str, env: &[(&str, String)]) -> Process {
+        let mut cmd = Command::new(binary(name));
+        cmd.env_clear();
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("start {name} ({e}); build it first: cargo build --release --bins")
+            });
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (sink, stderr) = (lines.clone(), child.stderr.take().expect("stderr"));
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().push(line);
+            }
+        });
+        Process { child, lines }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `target/<profile>/examples/<bench>` → `target/<profile>/<name>`.
+pub fn binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("exe");
+    exe.parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join(name))
+        .expect("target dir")
+}
+
+/// A loopback address with a port nobody listens on right now.
+pub fn free_addr() -> SocketAddr {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
