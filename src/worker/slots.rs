@@ -143,10 +143,12 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
             (report(shared, &job.req, outcome), answered)
         }
     };
+    // Off the books before the error goes out: a server that fails the request over
+    // may send the same id straight back here, and must not find it still running.
+    shared.inflight.remove(id);
     if let Some(r) = report {
         job.out.send(&r.into_message(id));
     }
-    shared.inflight.remove(id);
     if answered {
         // After the answer went out: a model that was not loaded probably is now, and
         // the models thread re-checks (a loaded model costs a lookup, nothing more).
