@@ -23,7 +23,7 @@ FEATURE_FLAGS = $(if $(NO_TLS),--no-default-features,) $(if $(FEATURES),--featur
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static dist run test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover install uninstall clean lint
+.PHONY: build release static dist run test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -131,6 +131,19 @@ bench-usage:
 bench-failover:
 	$(CARGO) build --release --bins --example failover_bench
 	./target/release/examples/failover_bench
+
+# Cache affinity with two real llama-servers (Gemma 3 270M, 2 slots each): later-turn
+# prompt tokens evaluated, latency, wall time and box shares, affinity off vs on
+# (AFFINITY_BENCH_PHASES=off,on,on@0,on@1000 to compare waits). A few minutes on 2 cores.
+bench-affinity:
+	contrib/ci/setup-real-backend.sh >/dev/null
+	$(CARGO) build --release --bins --example affinity_bench
+	./target/release/examples/affinity_bench
+
+# The same workload simulated on the dispatcher with a fake clock (no llama-server, under
+# a second): AFFINITY_WAIT_MS from 0 to 30 s for given speeds, e.g. ARGS="600 30".
+bench-affinity-sim:
+	$(CARGO) run --release --example affinity_sim -- $(ARGS)
 
 install: release
 	install -d $(BINDIR) $(MANDIR) $(UNITDIR) $(EXAMPLEDIR)

@@ -82,6 +82,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
                 msg,
                 who,
                 needs: Default::default(),
+                prints: Default::default(),
                 progress: false,
             },
             t0,

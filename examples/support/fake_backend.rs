@@ -19,7 +19,13 @@
 //!   loaded set the test reads or changes through [`FakeBackend::loaded`]; a POST for a
 //!   listed model loads it, as the real ones do. [`FakeBackend::failing`] makes one path
 //!   answer an error.
+//! * [`FakeBackend::with_prompt_cache`]: whole chat answers report the prompt tokens it
+//!   could reuse from earlier requests (see `prompt_cache.rs`).
 #![allow(dead_code)]
+
+#[path = "prompt_cache.rs"]
+mod prompt_cache;
+pub use prompt_cache::PromptCache;
 
 use std::io::{BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -104,6 +110,8 @@ pub struct FakeBackend {
     /// vLLM: dev-mode routes exist (see [`Self::without_dev_mode`]); asleep.
     dev_mode: bool,
     sleeping: Arc<AtomicBool>,
+    /// Reports cache reuse (see [`Self::with_prompt_cache`]).
+    pub cache: Option<Arc<PromptCache>>,
 }
 
 /// A backend started by [`FakeBackend::spawn_stoppable`].
@@ -204,7 +212,14 @@ impl FakeBackend {
             failing: Vec::new(),
             dev_mode: true,
             sleeping: Arc::default(),
+            cache: None,
         }
+    }
+
+    /// Remembers the prompts it answered and reports cache reuse in whole answers.
+    pub fn with_prompt_cache(mut self) -> FakeBackend {
+        self.cache = Some(Arc::default());
+        self
     }
 
     /// An Ollama serving `models`, with `loaded` in memory.
@@ -502,6 +517,13 @@ impl FakeBackend {
                 false
             }
             Scenario::SplitEvents if stream => self.stream_answer(out, usage, true),
+            Scenario::Normal if !stream => match &self.cache {
+                Some(cache) => {
+                    let answer = cache.answer(&self.model, &self.words.concat(), body);
+                    respond(out, 200, "application/json", answer.as_bytes())
+                }
+                None => self.normal(out, false, usage),
+            },
             Scenario::SplitEvents | Scenario::Normal => self.normal(out, stream, usage),
         }
     }

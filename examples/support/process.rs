@@ -23,13 +23,25 @@ impl Process {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Process::start(
+            cmd,
+            &format!("{name}; build it first: cargo build --release --bins"),
+        )
+    }
+
+    /// Starts another program (a real backend) with `args`, in this environment.
+    pub fn spawn_program(program: &std::path::Path, args: &[String]) -> Process {
+        let mut cmd = Command::new(program);
+        cmd.args(args);
+        Process::start(cmd, &program.display().to_string())
+    }
+
+    fn start(mut cmd: Command, what: &str) -> Process {
         let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("start {name} ({e}); build it first: cargo build --release --bins")
-            });
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (sink, stderr) = (lines.clone(), child.stderr.take().expect("stderr"));
         std::thread::spawn(move || {

@@ -19,6 +19,9 @@ pub const FORWARDED_HEADERS: &[&str] = &[
     "x-cache-tag",
     // The worker's trim switch (`X-Context-Trim: off`); the worker keeps it to itself.
     "x-context-trim",
+    // The relay routes a session back to its cached worker by it (cache affinity); a
+    // router or gateway behind the worker may keep sessions together by it too.
+    "x-session-id",
 ];
 
 /// The two fields the relay needs from a client body.

@@ -163,6 +163,18 @@ pub const OPTIONS: &[Opt] = &[
         help: "5xx, transport failures or request timeouts in a row after which a worker is ejected for a while (0: never)",
     },
     Opt {
+        flag: "routing-affinity",
+        env: "ROUTING_AFFINITY",
+        default: Some("on"),
+        help: "on or off: send each conversation back to the worker whose backend already holds its prompt prefix in cache (off: load and round robin only)",
+    },
+    Opt {
+        flag: "affinity-wait-ms",
+        env: "AFFINITY_WAIT_MS",
+        default: Some("20000"),
+        help: "how long a request may wait for its full cached worker before going elsewhere (0: never)",
+    },
+    Opt {
         flag: "moe-enabled",
         env: "MOE_ENABLED",
         default: Some("false"),
@@ -263,6 +275,10 @@ impl ServerConfig {
             heartbeat_timeout: s.secs("heartbeat-timeout-secs", 45)?,
             max_requeues: 3,
             max_models_per_worker: s.number("max-models-per-worker", 256)?,
+            affinity: s.get("routing-affinity").is_none() || s.flag_bool("routing-affinity")?,
+            affinity_wait: std::time::Duration::from_millis(
+                s.number("affinity-wait-ms", dispatcher::DEFAULT_AFFINITY_WAIT_MS)?,
+            ),
         };
         if dispatch.heartbeat_interval.is_zero()
             || dispatch.heartbeat_timeout < dispatch.heartbeat_interval
@@ -349,5 +365,31 @@ fn tls_files(s: &Settings) -> Result<Option<(String, String)>, ConfigError> {
         _ => Err(ConfigError(
             "this build has no built-in server TLS (rebuild with `--features server-tls`)".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_settings_default_on_with_the_measured_wait() {
+        let opt = OPTIONS.iter().find(|o| o.env == "AFFINITY_WAIT_MS");
+        let shown = opt.and_then(|o| o.default).unwrap_or_default();
+        assert_eq!(shown, dispatcher::DEFAULT_AFFINITY_WAIT_MS.to_string());
+        let cfg = |pairs: &[(&'static str, &str)]| {
+            let mut all = vec![("worker-secret", "s")];
+            all.extend_from_slice(pairs);
+            ServerConfig::from_settings(&Settings::from_pairs(&all)).map(|c| c.dispatch)
+        };
+        let d = cfg(&[]).expect("defaults");
+        assert!(d.affinity);
+        assert_eq!(
+            d.affinity_wait.as_millis() as u64,
+            dispatcher::DEFAULT_AFFINITY_WAIT_MS
+        );
+        let off = cfg(&[("routing-affinity", "off"), ("affinity-wait-ms", "0")]).expect("off");
+        assert!(!off.affinity && off.affinity_wait.is_zero());
+        assert!(cfg(&[("routing-affinity", "sometimes")]).is_err());
     }
 }

@@ -21,6 +21,7 @@ pub mod dashboard;
 pub mod dispatcher;
 pub mod errors;
 pub mod fanout;
+pub mod fingerprint;
 pub mod http;
 pub mod keys;
 pub mod lifecycle;

@@ -329,6 +329,9 @@ impl Parts<'_> {
         let submit = Input::Submit {
             id,
             needs: crate::server::body::needs(ROUTE, &msg.body),
+            // The drafts are meant for different workers, and critiques and the final
+            // prompt are one-offs: no cache affinity for the ensemble's parts.
+            prints: Default::default(),
             msg,
             who: self.caller.who.clone(),
             progress: false,

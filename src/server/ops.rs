@@ -219,6 +219,29 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
         "Workers ejected for consecutive failures.",
     );
     e.sample("modelrelay_ejections_total", &[], s.counters.ejections);
+    let c = &s.counters;
+    e.family(
+        "modelrelay_affinity_routing_total",
+        "counter",
+        "Dispatches of requests with prompt fingerprints: hit (to the worker holding the longest prefix), miss (no worker held any), overridden_by_load (it was full or too loaded).",
+    );
+    for (outcome, n) in [
+        ("hit", c.affinity_hits),
+        ("miss", c.affinity_misses),
+        ("overridden_by_load", c.affinity_overridden),
+    ] {
+        e.sample(
+            "modelrelay_affinity_routing_total",
+            &[("outcome", outcome)],
+            n,
+        );
+    }
+    e.family(
+        "modelrelay_affinity_waits_total",
+        "counter",
+        "Requests that waited for their full cached worker (AFFINITY_WAIT_MS).",
+    );
+    e.sample("modelrelay_affinity_waits_total", &[], c.affinity_waits);
     render_tenants(&mut e, http);
     e.family(
         "modelrelay_uptime_seconds",
@@ -363,6 +386,12 @@ pub fn admin_stats(ctx: &Ctx) -> AdminResult {
                 "failovers": s.counters.failovers,
                 "dispatched": s.counters.dispatched,
                 "by_status_class": by_status,
+            },
+            "affinity": {
+                "hits": s.counters.affinity_hits,
+                "misses": s.counters.affinity_misses,
+                "overridden_by_load": s.counters.affinity_overridden,
+                "waits": s.counters.affinity_waits,
             },
             "queue": {
                 "depth": s.gauges.queue_depth,

@@ -23,6 +23,7 @@ use super::body::{cache_reuse, inspect_body, BodyInfo, FORWARDED_HEADERS};
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
 use super::errors::{ApiError, Style};
+use super::fingerprint;
 use super::http::request::{Conn, Request};
 use super::http::response::{self, Framing};
 use super::reply::{error_response, reject_caller};
@@ -126,6 +127,13 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
     let id = ctx.next_request_id();
     let wire = wire_request_id(id);
     let needs = crate::server::body::needs(&job.endpoint_path, &job.body);
+    let session = req.header("x-session-id");
+    let prints = fingerprint::for_request(
+        ctx.cfg.dispatch.affinity,
+        &job.endpoint_path,
+        &job.body,
+        session,
+    );
     let msg = Arc::new(RequestMessage {
         request_id: wire.clone(),
         model: job.model.clone(),
@@ -168,6 +176,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         msg,
         who,
         needs,
+        prints,
         progress,
         reply,
     };

@@ -357,8 +357,16 @@ impl Dispatcher {
         }
     }
 
-    /// A completed load or unload changes what routing prefers, at once.
+    /// A completed load or unload changes what routing prefers, at once; an unload or a
+    /// flush empties the caches affinity counted on.
     fn apply_loaded(&mut self, worker: WorkerId, kind: OperationKind, model: Option<&str>) {
+        match (kind, model) {
+            (OperationKind::Load, _) => {}
+            (_, Some(m)) => self
+                .affinity
+                .forget_model(worker, super::affinity::model_key(m)),
+            (_, None) => self.affinity.forget_worker(worker),
+        }
         let (Some(model), Some(w)) = (model, self.registry.get_mut(worker)) else {
             return;
         };

@@ -15,13 +15,17 @@
 //! | `shutdown.rs` | server drain and exit |
 //! | `fair_queue.rs` | the wait queue: priority classes, aging, fair share by tenant |
 //! | `outliers.rs` | backends reported down, outlier ejection, failover targets |
+//! | `routing.rs` | which worker takes a request: one ranked choice (capability, health, loaded model, cache affinity, least load, round robin) |
+//! | `affinity.rs` | which prompt prefixes each worker was sent lately (bounded LRU) |
 //! | `registry.rs`, `stats.rs` | the other data it owns |
 
+pub mod affinity;
 pub mod fair_queue;
 pub mod lifecycle;
 mod outliers;
 mod registry;
 mod requests;
+pub mod routing;
 pub mod runtime;
 mod shutdown;
 mod stats;
@@ -36,6 +40,7 @@ use std::time::{Duration, Instant};
 use crate::protocol::{
     RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
+use crate::server::fingerprint::Fingerprints;
 pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
 pub use outliers::Health;
 pub use registry::Needs;
@@ -75,7 +80,16 @@ pub struct Config {
     pub priority_aging: Duration,
     /// Failed answers in a row after which a worker is ejected (0: never).
     pub outlier_consecutive_failures: u32,
+    /// Send a conversation back to the worker holding its prompt prefix
+    /// (`ROUTING_AFFINITY`).
+    pub affinity: bool,
+    /// How long a request may wait for its full cached worker (`AFFINITY_WAIT_MS`; zero:
+    /// never).
+    pub affinity_wait: Duration,
 }
+
+/// `AFFINITY_WAIT_MS` unless set: measured with `make bench-affinity` (see the README).
+pub const DEFAULT_AFFINITY_WAIT_MS: u64 = 20_000;
 
 impl Default for Config {
     fn default() -> Config {
@@ -90,6 +104,8 @@ impl Default for Config {
             max_queue_per_tenant: 50,
             priority_aging: Duration::from_secs(10),
             outlier_consecutive_failures: 5,
+            affinity: true,
+            affinity_wait: Duration::from_millis(DEFAULT_AFFINITY_WAIT_MS),
         }
     }
 }
@@ -104,6 +120,8 @@ pub enum Event {
         who: Who,
         /// What the model must be able to do (images in, embeddings).
         needs: Needs,
+        /// Its prompt's prefix fingerprints (cache affinity), never its text.
+        prints: Fingerprints,
         /// Send [`ClientEvent::Queued`] about once a second while it waits.
         progress: bool,
     },
@@ -239,6 +257,8 @@ enum Timer {
     Request(RequestId),
     /// Time to tell a waiting client where it stands.
     Progress(RequestId),
+    /// A request's wait for its full cached worker is over.
+    AffinityWait(RequestId),
     /// An ejected worker's time is up.
     Readmit(WorkerId),
     WorkerSilent(WorkerId),
@@ -255,11 +275,25 @@ enum Stage {
     InFlight { worker: WorkerId, streamed: bool },
 }
 
+/// Whether a request waits for the full worker that holds its prompt prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// It has not waited; it may, once.
+    Never,
+    /// It waits for `worker` until `until` (`AFFINITY_WAIT_MS` after it began); other
+    /// workers pass over it meanwhile, without it losing its place in the queue.
+    For { worker: WorkerId, until: Instant },
+    /// It waited already: it goes wherever routing sends it.
+    Done,
+}
+
 #[derive(Debug)]
 struct Request {
     msg: Arc<RequestMessage>,
     who: Who,
     needs: Needs,
+    prints: Fingerprints,
+    hold: Hold,
     arrived: Instant,
     /// The queue timeout counts from arrival; a requeue never extends it.
     queue_deadline: Instant,
@@ -309,6 +343,8 @@ pub struct Dispatcher {
     models_version: u64,
     /// Model operations (load, unload, flush) and their progress.
     tasks: lifecycle::Tasks,
+    /// Which prompt prefixes each worker was sent lately, and who waits for whom.
+    affinity: affinity::Affinity,
 }
 
 impl Dispatcher {
@@ -326,6 +362,7 @@ impl Dispatcher {
             actions: Vec::new(),
             models_version: 0,
             tasks: lifecycle::Tasks::default(),
+            affinity: affinity::Affinity::default(),
             cfg,
         };
         d.timers
@@ -393,6 +430,11 @@ impl Dispatcher {
         &self.registry
     }
 
+    /// Prompt-prefix fingerprints held for a worker (`/admin/workers`).
+    pub fn fingerprints_held(&self, worker: WorkerId) -> usize {
+        self.affinity.held(worker)
+    }
+
     /// Bumped whenever the routable model set may have changed.
     pub fn models_version(&self) -> u64 {
         self.models_version
@@ -406,8 +448,9 @@ impl Dispatcher {
                 msg,
                 who,
                 needs,
+                prints,
                 progress,
-            } => self.submit(id, msg, who, needs, progress, now),
+            } => self.submit(id, msg, who, needs, prints, progress, now),
             Event::ClientGone(id) => self.client_gone(id, now),
             Event::WorkerJoined {
                 id,
@@ -433,6 +476,7 @@ impl Dispatcher {
             match timer {
                 Timer::Request(id) => self.request_deadline(id, now),
                 Timer::Progress(id) => self.tell_progress(id, now),
+                Timer::AffinityWait(id) => self.hold_expired(id, now),
                 Timer::Readmit(id) => self.readmit(id, now),
                 Timer::WorkerSilent(id) => self.heartbeat_expired(id),
                 Timer::WorkerDrain(id) => self.close_worker(id, "drain timeout reached", now),

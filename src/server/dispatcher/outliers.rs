@@ -181,6 +181,8 @@ impl Dispatcher {
                 let reason = reason.unwrap_or_else(|| "unreachable".into());
                 warn!("worker {} ({}) backend down: {reason}", w.wire_id, w.name);
                 w.health = Health::Down { since: now, reason };
+                // When it comes back it will have restarted with an empty cache.
+                self.affinity.forget_worker(worker);
             }
             BackendState::Up => {
                 if !matches!(w.health, Health::Down { .. }) {

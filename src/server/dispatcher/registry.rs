@@ -284,28 +284,14 @@ impl Registry {
         self.workers.values()
     }
 
-    /// Picks the worker for `model`: serves it, takes work, has a free slot. A worker
-    /// that has the model loaded goes first (no load time); among equals the lowest
-    /// load wins, ties go round-robin (the first tied worker after the last one picked).
-    pub fn pick(&mut self, model: &str, needs: Needs) -> Option<WorkerId> {
-        let free = |w: &&Worker| w.has_free_slot() && w.serves(model) && w.can(model, needs);
-        let any_loaded = self
-            .workers
-            .values()
-            .filter(free)
-            .any(|w| w.has_loaded(model));
-        let eligible = || {
-            self.workers
-                .values()
-                .filter(free)
-                .filter(move |w| !any_loaded || w.has_loaded(model))
-        };
-        let min_load = eligible().map(Worker::load).min()?;
-        let tied = || eligible().filter(|w| w.load() == min_load).map(|w| w.id);
-        let after_last = self.last_pick.and_then(|last| tied().find(|id| *id > last));
-        let chosen = after_last.or_else(|| tied().next())?;
-        self.last_pick = Some(chosen);
-        Some(chosen)
+    /// The worker routing picked last (round robin goes on after it).
+    pub fn last_pick(&self) -> Option<WorkerId> {
+        self.last_pick
+    }
+
+    /// Notes where routing sent a request (see `routing.rs`).
+    pub fn note_pick(&mut self, id: WorkerId) {
+        self.last_pick = Some(id);
     }
 
     /// The capability no worker serving `model` has, when every one of them says so

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 
+use super::routing::{Route, Verdict};
 use super::{
-    parse_request_id, Action, Backpressure, ClientEvent, Dispatcher, DrainState, Failure, Needs,
-    Phase, Request, RequestId, Stage, Timer, Who, WorkerId,
+    parse_request_id, Action, Backpressure, ClientEvent, Dispatcher, DrainState, Failure,
+    Fingerprints, Hold, Needs, Phase, Request, RequestId, Stage, Timer, Who, WorkerId,
 };
 
 /// Finished requests remembered for the drain rate.
@@ -20,12 +21,14 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 use crate::protocol::{CancelReason, RequestMessage, ServerMessage};
 
 impl Dispatcher {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn submit(
         &mut self,
         id: RequestId,
         msg: Arc<RequestMessage>,
         who: Who,
         needs: Needs,
+        prints: Fingerprints,
         progress: bool,
         now: Instant,
     ) {
@@ -54,6 +57,8 @@ impl Dispatcher {
             msg,
             who,
             needs,
+            prints,
+            hold: Hold::Never,
             arrived: now,
             queue_deadline,
             place: None,
@@ -66,11 +71,25 @@ impl Dispatcher {
             timer_at: queue_deadline,
             untold_dispatch: None,
         };
-        if let Some(worker) = self.registry.pick(&request.msg.model, request.needs) {
+        let (worker, verdict) = match self.route(&request) {
+            Route::Go(worker, verdict) => (Some(worker), verdict),
+            // It may wait for its cached worker only where it may queue; else it starts
+            // now elsewhere rather than be refused.
+            Route::Wait { home, otherwise } => match self.admission(&request, now) {
+                Some(_) => (Some(otherwise), Verdict::Overridden),
+                None => {
+                    self.requests.insert(id, request);
+                    self.enqueue(id, now);
+                    return self.start_hold(id, home, now);
+                }
+            },
+            Route::Busy => (None, Verdict::Unkeyed),
+        };
+        if let Some(worker) = worker {
             let mut request = request;
             request.place = Some(self.queue.place_now(&request.who, now));
             self.requests.insert(id, request);
-            return self.assign(id, worker, now);
+            return self.assign(id, worker, verdict, now);
         }
         if let Some(retry_after_secs) = self.no_healthy_worker(&request.msg.model, now) {
             info!(
@@ -219,6 +238,7 @@ impl Dispatcher {
     }
 
     pub(super) fn client_gone(&mut self, id: RequestId, now: Instant) {
+        self.end_hold(id);
         let Some(req) = self.requests.remove(&id) else {
             return;
         };
@@ -251,7 +271,17 @@ impl Dispatcher {
 
     // ----- dispatch -----
 
-    pub(super) fn assign(&mut self, id: RequestId, worker: WorkerId, now: Instant) {
+    pub(super) fn assign(
+        &mut self,
+        id: RequestId,
+        worker: WorkerId,
+        verdict: Verdict,
+        now: Instant,
+    ) {
+        if self.registry.get(worker).is_none() {
+            return;
+        }
+        self.note_route(id, worker, verdict);
         let Some(req) = self.requests.get_mut(&id) else {
             return;
         };
@@ -284,7 +314,10 @@ impl Dispatcher {
             .push(Action::ToWorker(worker, ServerMessage::Request(msg)));
     }
 
-    /// Gives a worker with free slots the oldest queued requests it can serve.
+    /// Gives a worker with free slots the queued requests it can serve, in queue order.
+    /// Routing may send the request the queue picked to a better worker that is also
+    /// free (its cached one), or have it wait for its full cached worker: then it stays
+    /// where it is in the queue and this worker takes the next one.
     pub(super) fn fill_worker(&mut self, worker: WorkerId, now: Instant) {
         while !self.queue.is_empty() {
             let Some(w) = self.registry.get(worker) else {
@@ -297,7 +330,7 @@ impl Dispatcher {
             // A request goes back to a worker it failed on only when no other is up.
             let accept = |id: RequestId| {
                 requests.get(&id).is_none_or(|r| {
-                    if !w.can(&r.msg.model, r.needs) {
+                    if !w.can(&r.msg.model, r.needs) || waits_elsewhere(r, worker, registry, now) {
                         return false;
                     }
                     !r.failed_on.contains(&worker)
@@ -316,7 +349,27 @@ impl Dispatcher {
             if let Some(req) = self.requests.get_mut(&id) {
                 req.place = Some(place);
             }
-            self.assign(id, worker, now);
+            let Some(route) = self.requests.get(&id).map(|r| self.route(r)) else {
+                continue;
+            };
+            match route {
+                Route::Go(to, verdict) => self.assign(id, to, verdict, now),
+                Route::Wait { home, .. } => {
+                    self.start_hold(id, home, now);
+                    self.put_back(id);
+                }
+                // Not expected (this worker is free and took it); it waits as it was.
+                Route::Busy => return self.put_back(id),
+            }
+        }
+    }
+
+    /// Returns a request taken from the queue to the place it had.
+    fn put_back(&mut self, id: RequestId) {
+        if let Some(req) = self.requests.get_mut(&id) {
+            if let Some(place) = req.place.take() {
+                self.queue.restore(id, req.msg.clone(), &req.who, place);
+            }
         }
     }
 
@@ -448,6 +501,7 @@ impl Dispatcher {
         match req.stage {
             Stage::Queued => {
                 let (model, wire) = (req.msg.model.clone(), req.msg.request_id.clone());
+                self.end_hold(id);
                 let failure = match self.no_healthy_worker(&model, now) {
                     Some(retry_after_secs) => Failure::NoHealthyWorker { retry_after_secs },
                     None => Failure::QueueTimeout,
@@ -475,5 +529,24 @@ impl Dispatcher {
                 self.finish(id, ClientEvent::Failed(Failure::RequestTimeout), now);
             }
         }
+    }
+}
+
+/// Whether `req` waits for another worker than `worker` (one that is still up), so
+/// `worker` passes over it for now.
+fn waits_elsewhere(
+    req: &Request,
+    worker: WorkerId,
+    registry: &super::Registry,
+    now: Instant,
+) -> bool {
+    match req.hold {
+        Hold::For {
+            worker: home,
+            until,
+        } if home != worker && until > now => registry
+            .get(home)
+            .is_some_and(|h| h.health == super::Health::Up && !h.is_draining()),
+        _ => false,
     }
 }

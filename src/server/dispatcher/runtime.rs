@@ -30,6 +30,8 @@ pub enum Input {
         msg: Arc<RequestMessage>,
         who: Who,
         needs: super::Needs,
+        /// Prompt-prefix fingerprints for cache affinity (`server/fingerprint.rs`).
+        prints: crate::server::fingerprint::Fingerprints,
         progress: bool,
         reply: Sender<ClientEvent>,
     },
@@ -119,6 +121,9 @@ pub struct WorkerInfo {
     pub resources: Option<crate::protocol::lifecycle::Resources>,
     /// Models it is loading now: (model, progress 0–1, seconds left).
     pub loading: Vec<(String, f64, Option<u64>)>,
+    /// Prompt-prefix fingerprints remembered for it (cache affinity; at most
+    /// 2,048).
+    pub affinity_fingerprints: usize,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -187,6 +192,7 @@ fn route_input(
             msg,
             who,
             needs,
+            prints,
             progress,
             reply,
         } => {
@@ -196,6 +202,7 @@ fn route_input(
                 msg,
                 who,
                 needs,
+                prints,
                 progress,
             }
         }
@@ -320,6 +327,7 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
                 .filter(|(id, ..)| *id == w.id)
                 .map(|(_, model, progress, eta)| (model.clone(), *progress, *eta))
                 .collect(),
+            affinity_fingerprints: core.fingerprints_held(w.id),
         })
         .collect()
 }

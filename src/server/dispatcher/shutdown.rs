@@ -19,6 +19,7 @@ impl Dispatcher {
         );
         self.phase = Phase::ShuttingDown;
         for id in self.queue.drain_all() {
+            self.end_hold(id);
             if let Some(req) = self.requests.remove(&id) {
                 self.unschedule(id, req.timer_at);
             }

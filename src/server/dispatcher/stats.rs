@@ -20,6 +20,14 @@ pub struct Counters {
     pub failovers: u64,
     /// Workers ejected for failing.
     pub ejections: u64,
+    /// Dispatches of requests with prompt fingerprints: to the worker holding the
+    /// longest prefix, to others because none held any, or elsewhere because the one
+    /// holding it was full or too loaded.
+    pub affinity_hits: u64,
+    pub affinity_misses: u64,
+    pub affinity_overridden: u64,
+    /// Requests that waited for their full cached worker (`AFFINITY_WAIT_MS`).
+    pub affinity_waits: u64,
     /// Failure code (see [`Failure::code`]) → count.
     pub failed_by: BTreeMap<&'static str, u64>,
     /// Cancel reason sent to workers (or `client_disconnect` while queued) → count.

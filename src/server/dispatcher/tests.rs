@@ -82,6 +82,7 @@ impl Harness {
             msg,
             who: Who::default(),
             needs: Needs::default(),
+            prints: Default::default(),
             progress: false,
         })
     }
@@ -101,6 +102,7 @@ impl Harness {
             msg,
             who: Who::default(),
             needs: Needs::default(),
+            prints: Default::default(),
             progress: true,
         })
     }
@@ -131,6 +133,7 @@ impl Harness {
             msg,
             who,
             needs: Needs::default(),
+            prints: Default::default(),
             progress: false,
         })
     }

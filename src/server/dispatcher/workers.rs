@@ -225,6 +225,11 @@ impl Dispatcher {
         let Some(w) = self.registry.get_mut(worker) else {
             return;
         };
+        // A model the backend no longer holds took its cache with it.
+        let evicted: Vec<String> = match (w.loaded_models(), &loaded) {
+            (Some(before), Some(now)) => before.into_iter().filter(|m| !now.contains(m)).collect(),
+            _ => Vec::new(),
+        };
         if loaded.is_some() {
             w.set_loaded(loaded);
         }
@@ -245,6 +250,10 @@ impl Dispatcher {
             w.set_model_info(info);
         }
         w.set_reported_load(load);
+        for model in dropped.iter().chain(&evicted) {
+            self.affinity
+                .forget_model(worker, super::affinity::model_key(model));
+        }
         self.note_models_seen(&dropped, now);
         self.note_models_seen(&models, now);
         self.fill_worker(worker, now);
@@ -301,6 +310,7 @@ impl Dispatcher {
         let Some(w) = self.registry.remove(worker) else {
             return;
         };
+        self.affinity.forget_worker(worker);
         self.tasks_worker_left(worker, now);
         self.timers.remove(&(
             w.last_seen + self.cfg.heartbeat_timeout,
