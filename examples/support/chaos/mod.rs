@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod faults;
+pub mod judge;
 pub mod procs;
 pub mod proxy;
 pub mod report;
