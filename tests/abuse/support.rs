@@ -240,3 +240,14 @@ pub fn scale(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// The soft limit on open files of this process (the server inherits it).
+pub fn open_files_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse().ok()
+        })
+        .unwrap_or(1024)
+}
