@@ -31,6 +31,10 @@ impl Proc {
         let mut cmd = Command::new(bin);
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default());
+        // glibc allocator settings pass through, to compare runs with them.
+        for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")) {
+            cmd.env(k, v);
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
