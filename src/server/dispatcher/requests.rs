@@ -353,7 +353,12 @@ impl Dispatcher {
                 continue;
             };
             match route {
-                Route::Go(to, verdict) => self.assign(id, to, verdict, now),
+                // Only a cached prefix moves the request off the worker that asked for
+                // work: otherwise least-load round robin would send a requeued request
+                // past the steady worker to whichever newcomer is next (churning
+                // workers then used up its requeues).
+                Route::Go(to, Verdict::Hit) => self.assign(id, to, Verdict::Hit, now),
+                Route::Go(_, verdict) => self.assign(id, worker, verdict, now),
                 Route::Wait { home, .. } => {
                     self.start_hold(id, home, now);
                     self.put_back(id);

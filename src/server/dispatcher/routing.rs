@@ -18,6 +18,9 @@
 //!    request, when one of its requests has finished;
 //! 4. **least load**, ties round robin (the first tied worker after the last one picked).
 //!
+//! For a queued request taken by a worker that freed a slot (or just joined), only a
+//! cache hit elsewhere moves it: otherwise that worker takes it (see `fill_worker`).
+//!
 //! A waiting request keeps its place in the queue; workers it does not wait for pass
 //! over it meanwhile, the one it waits for takes it first when a slot frees there (it is
 //! ahead of everything queued after it), and when its wait ends any worker may take it.

@@ -488,3 +488,24 @@ fn a_waiting_request_that_leaves_releases_its_place_for_the_worker() {
     );
     assert!(h.later(WAIT).iter().any(|(id, w)| (*id, *w) == (3, 2)));
 }
+
+#[test]
+fn a_requeued_request_goes_to_the_worker_asking_for_work_not_the_next_newcomer() {
+    // A steady worker and short-lived newcomers: round robin over the free workers
+    // would hand a requeued request to the next newcomer each time, until its requeues
+    // ran out; the worker that asks for work takes it instead.
+    let mut h = Harness::new();
+    h.join(1, 4);
+    for newcomer in 2..=4 {
+        h.join(newcomer, 1);
+    }
+    assert_eq!(h.send(1, Fingerprints::None), Some(1));
+    h.done(1, 1);
+    assert_eq!(h.send(2, Fingerprints::None), Some(2), "round robin");
+    let left = Event::WorkerLeft {
+        id: 2,
+        reason: "gone".into(),
+    };
+    let requeued = dispatched(&h.d.handle(left, h.now));
+    assert_eq!(requeued, vec![(2, 1)], "to the steady worker, not to w-3");
+}
