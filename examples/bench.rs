@@ -6,7 +6,8 @@
 //!
 //! * added latency p50/p99 of sequential non-streaming requests (one keep-alive client),
 //! * stream time-to-first-chunk and largest gap between chunks,
-//! * requests/s with 8 and 64 concurrent keep-alive clients,
+//! * requests/s with 8 and 64 concurrent keep-alive clients, and latency p50/p99 at 64
+//!   (relay / direct: the issue 14 figure),
 //! * Ollama `/api/chat` streaming next to OpenAI streaming through the same relay: time
 //!   to first chunk and sequential latency to the last event (`"done":true` / `[DONE]`),
 //! * server CPU and RSS while idle with 100 workers connected.
@@ -67,7 +68,7 @@ fn main() {
             "sequential latency p50: {:.3} ms",
             seq.p(50).as_secs_f64() * 1000.0
         );
-        let rps = throughput(addr, clients, window);
+        let (rps, _) = throughput(addr, clients, window);
         println!("requests/s, {clients} clients: {rps:.0}");
         return;
     }
@@ -196,8 +197,8 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
         r.gap.max(),
     );
     for clients in [8, 64] {
-        let d = throughput(direct, clients, window);
-        let r = throughput(relay, clients, window);
+        let (d, d_lat) = throughput(direct, clients, window);
+        let (r, r_lat) = throughput(relay, clients, window);
         println!(
             "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
             format!("requests/s, {clients} clients"),
@@ -205,6 +206,10 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
             r,
             100.0 * r / d
         );
+        if clients == 64 {
+            row_ratio("latency p50, 64 clients (ms)", d_lat.p(50), r_lat.p(50));
+            row_ratio("latency p99, 64 clients (ms)", d_lat.p(99), r_lat.p(99));
+        }
     }
     // Ollama streaming next to OpenAI streaming, both through the relay; a wider name
     // column, so these rows have their own header.
@@ -235,6 +240,19 @@ const OLLAMA_COLUMN: usize = 53;
 
 fn row_ms(name: &str, direct: Duration, relay: Duration) {
     row_ms_in(44, name, direct, relay);
+}
+
+/// A row whose last column is relay / direct (for latency under concurrency, where
+/// both sides queue on the same cores and the ratio is the figure that travels).
+fn row_ratio(name: &str, direct: Duration, relay: Duration) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{:<44} {:>12.3} {:>12.3} {:>11.1}x",
+        name,
+        ms(direct),
+        ms(relay),
+        ms(relay) / ms(direct).max(1e-6)
+    );
 }
 
 fn row_ms_in(width: usize, name: &str, direct: Duration, relay: Duration) {
@@ -417,34 +435,45 @@ fn streams(addr: SocketAddr, path: &str, body: &str, marker: &[u8], n: usize) ->
     }
 }
 
-fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> f64 {
+/// Requests/s of `clients` keep-alive clients over `window`, and the latency of every
+/// request that began inside it.
+fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> (f64, Samples) {
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..clients)
         .map(|_| {
-            let (done, stop) = (done.clone(), stop.clone());
+            let (done, stop, measuring) = (done.clone(), stop.clone(), measuring.clone());
             std::thread::spawn(move || {
                 let body = chat(false);
                 let mut c = Client::connect(addr);
+                let mut latencies = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
+                    let (sent, counted) = (Instant::now(), measuring.load(Ordering::Relaxed));
                     c.send(&body);
                     if c.read(|_, _| {}) == 200 {
                         done.fetch_add(1, Ordering::Relaxed);
+                        if counted {
+                            latencies.push(sent.elapsed());
+                        }
                     }
                 }
+                latencies
             })
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
+    measuring.store(true, Ordering::Relaxed);
     let (start_count, start) = (done.load(Ordering::Relaxed), Instant::now());
     std::thread::sleep(window);
     let count = done.load(Ordering::Relaxed) - start_count;
     let elapsed = start.elapsed();
     stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
     for h in handles {
-        let _ = h.join();
+        latencies.extend(h.join().unwrap_or_default());
     }
-    count as f64 / elapsed.as_secs_f64()
+    (count as f64 / elapsed.as_secs_f64(), Samples(latencies))
 }
 
 /// What the hops alone cost: two do-nothing byte forwarders (a thread per direction per
@@ -453,8 +482,8 @@ fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> f64 {
 /// This is the ceiling for any relay with that shape on this machine.
 fn floor(backend: SocketAddr, window: Duration) {
     let chain = forwarder(forwarder(backend));
-    let d = throughput(backend, 8, window);
-    let f = throughput(chain, 8, window);
+    let (d, _) = throughput(backend, 8, window);
+    let (f, _) = throughput(chain, 8, window);
     println!(
         "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
         "floor: 2 byte-forwarding hops, 8 clients",
@@ -462,6 +491,9 @@ fn floor(backend: SocketAddr, window: Duration) {
         f,
         100.0 * f / d
     );
+    let (_, d) = throughput(backend, 64, window);
+    let (_, f) = throughput(chain, 64, window);
+    row_ratio("floor: latency p99, 64 clients (ms)", d.p(99), f.p(99));
 }
 
 /// Listens on a fresh port and copies bytes both ways between each client and a new
