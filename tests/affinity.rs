@@ -13,6 +13,7 @@ mod fake_backend;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
 
 use common::procs::{start_worker, Proc, ServerProc};
 use common::{request, wait_until, Response};
@@ -105,6 +106,25 @@ impl Pool {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
             .unwrap_or(0.0)
+    }
+
+    /// Starts two requests the backends hold (until released): round robin puts the
+    /// first on w2, the least load the second on w1, which is then full with one slot.
+    fn hold_two(&self) -> Vec<JoinHandle<Response>> {
+        let hold = json!({"model": "m", "scenario": "hold", "messages": [{"role": "user", "content": "wait"}]});
+        let mut holders = Vec::new();
+        for expect in [[0, 1], [1, 1]] {
+            let (addr, body) = (self.server.addr, hold.to_string());
+            holders.push(std::thread::spawn(move || {
+                let headers = [("content-type", "application/json")];
+                request(addr, "POST", "/v1/chat/completions", Some(&body), &headers)
+            }));
+            wait_until("the held request in flight", || {
+                let seen = self.in_flight();
+                (seen == expect, format!("in flight per worker: {seen:?}"))
+            });
+        }
+        holders
     }
 
     fn in_flight(&self) -> Vec<u64> {
@@ -217,21 +237,8 @@ fn a_full_cached_worker_does_not_hold_a_request_beyond_affinity_wait_ms() {
     // Turn 1 goes to w1, the first in round-robin order.
     pool.chat(&conversation("sailing", 1), &[]);
     assert_eq!(pool.served(), [1, 0]);
-    // Two held requests: round robin puts the first on w2, the least load the second on
-    // w1, which is then full (one slot) while w2 has one free.
-    let hold = json!({"model": "m", "scenario": "hold", "messages": [{"role": "user", "content": "wait"}]});
-    let mut holders = Vec::new();
-    for expect in [[0, 1], [1, 1]] {
-        let (addr, body) = (pool.server.addr, hold.to_string());
-        holders.push(std::thread::spawn(move || {
-            let headers = [("content-type", "application/json")];
-            request(addr, "POST", "/v1/chat/completions", Some(&body), &headers)
-        }));
-        wait_until("the held request in flight", || {
-            let seen = pool.in_flight();
-            (seen == expect, format!("in flight per worker: {seen:?}"))
-        });
-    }
+    // Two held requests: w1 (one slot) is then full while w2 has one free.
+    let holders = pool.hold_two();
     // Turn 2's worker is full: it waits up to AFFINITY_WAIT_MS, then goes to w2, while
     // w1's held request still runs (a held request lasts up to 10 s in the fake).
     let r = pool.chat(&conversation("sailing", 2), &[]);
@@ -262,19 +269,7 @@ fn a_request_waiting_for_its_full_worker_goes_there_as_soon_as_a_slot_frees() {
     let pool = Pool::start(&[("AFFINITY_WAIT_MS", "60000")], &[1, 2]);
     pool.chat(&conversation("rowing", 1), &[]);
     assert_eq!(pool.served(), [1, 0]);
-    let hold = json!({"model": "m", "scenario": "hold", "messages": [{"role": "user", "content": "wait"}]});
-    let mut holders = Vec::new();
-    for expect in [[0, 1], [1, 1]] {
-        let (addr, body) = (pool.server.addr, hold.to_string());
-        holders.push(std::thread::spawn(move || {
-            let headers = [("content-type", "application/json")];
-            request(addr, "POST", "/v1/chat/completions", Some(&body), &headers)
-        }));
-        wait_until("the held request in flight", || {
-            let seen = pool.in_flight();
-            (seen == expect, format!("in flight per worker: {seen:?}"))
-        });
-    }
+    let holders = pool.hold_two();
     let addr = pool.server.addr;
     let turn = std::thread::spawn(move || {
         let body = conversation("rowing", 2).to_string();

@@ -167,7 +167,7 @@ fn ok(id: RequestId) -> ResponseComplete {
 }
 
 /// Which worker each request in `actions` was dispatched to.
-fn dispatched(actions: &[Action]) -> Vec<(RequestId, WorkerId)> {
+pub(super) fn dispatched(actions: &[Action]) -> Vec<(RequestId, WorkerId)> {
     actions
         .iter()
         .filter_map(|a| match a {

@@ -13,7 +13,8 @@ use crate::protocol::{
     BackendState, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 use crate::server::dispatcher::lifecycle::OperationRequest;
-use crate::server::dispatcher::{parse_request_id, wire_request_id, Action, Config, Event, Who};
+use crate::server::dispatcher::tests::dispatched;
+use crate::server::dispatcher::{wire_request_id, Action, Config, Event, Who};
 use crate::server::fingerprint::Fingerprints;
 
 const WAIT: Duration = Duration::from_millis(400);
@@ -131,18 +132,6 @@ impl Harness {
             c.affinity_waits,
         )
     }
-}
-
-fn dispatched(actions: &[Action]) -> Vec<(RequestId, WorkerId)> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::ToWorker(w, ServerMessage::Request(m)) => {
-                Some((parse_request_id(&m.request_id)?, *w))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 fn went(actions: &[Action], id: RequestId) -> Option<WorkerId> {
