@@ -139,6 +139,9 @@ pub struct StatsSnapshot {
     pub workers_by_state: [(&'static str, usize); 3],
 }
 
+/// Most inputs handled before their actions are carried out.
+const BATCH: usize = 32;
+
 /// Runs the dispatcher until it reports that shutdown is complete (or every input
 /// sender is gone).
 pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
@@ -152,18 +155,17 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
         };
         let now = Instant::now();
         let mut actions = match received {
-            Ok(Input::Query(query, reply)) => {
-                let (answer, actions) = answer(&mut core, query, now);
-                let _ = reply.send(answer);
-                actions
-            }
-            Ok(input) => {
-                let event = route_input(input, &mut clients, &mut workers);
-                core.handle(event, now)
-            }
+            Ok(input) => take(&mut core, input, &mut clients, &mut workers, now),
             Err(RecvTimeoutError::Timeout) => Vec::new(),
             Err(RecvTimeoutError::Disconnected) => return,
         };
+        // Inputs that arrived meanwhile are handled before any action goes out: a
+        // burst's messages then reach each socket writer together (one write) and
+        // the gauges are published once.
+        for _ in 1..BATCH {
+            let Ok(input) = inputs.try_recv() else { break };
+            actions.extend(take(&mut core, input, &mut clients, &mut workers, now));
+        }
         if core.next_deadline().is_some_and(|at| at <= now) {
             actions.extend(core.tick(now));
         }
@@ -177,6 +179,27 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
         }
         if exit {
             return;
+        }
+    }
+}
+
+/// Handles one input: a query is answered at once, anything else becomes an event.
+fn take(
+    core: &mut Dispatcher,
+    input: Input,
+    clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
+    workers: &mut HashMap<WorkerId, Sender<Outbound>>,
+    now: Instant,
+) -> Vec<Action> {
+    match input {
+        Input::Query(query, reply) => {
+            let (answer, actions) = answer(core, query, now);
+            let _ = reply.send(answer);
+            actions
+        }
+        input => {
+            let event = route_input(input, clients, workers);
+            core.handle(event, now)
         }
     }
 }
