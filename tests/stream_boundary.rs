@@ -347,3 +347,31 @@ fn an_event_split_across_chunks_goes_out_whole_as_soon_as_its_end_arrives() {
     worker.finish_stream(&req.request_id);
     assert_eq!(read_chunk(&mut reader), None, "stream terminated");
 }
+
+#[test]
+fn a_worker_lost_after_the_last_event_ends_the_stream_normally() {
+    // Found by `make soak`: a stream's `data: [DONE]` reached the client, the worker's
+    // connection was then cut before its `response_complete`, and the relay appended a
+    // `worker_disconnected` event after the end.
+    let server = TestServer::start();
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    let client = send_request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body()),
+        &[],
+    );
+    let req = worker.request();
+    let whole = format!("{}data: [DONE]\n\n", openai_event(1));
+    worker.chunk(&req.request_id, &whole);
+    worker.kill();
+    let mut client = client;
+    let r = read_response(&mut client);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.text(),
+        whole,
+        "the stream as the backend sent it, nothing after"
+    );
+}

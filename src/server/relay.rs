@@ -298,6 +298,10 @@ impl Session<'_, '_> {
     /// the connection may be reused.
     fn finish_with(&mut self, event: ClientEvent, mut buf: Vec<u8>) -> bool {
         let outcome = match &event {
+            // The client already has the whole stream (see `EventBoundary::ended`).
+            ClientEvent::Failed(_) if self.framing.is_some() && self.boundary.ended() => {
+                "completed"
+            }
             ClientEvent::Failed(f) => f.code(),
             _ => "completed",
         };
@@ -459,6 +463,14 @@ impl Session<'_, '_> {
                 };
                 self.note_tokens(&rc);
                 self.push_stream_end(buf, framing, &tail);
+            }
+            (Some(framing), ClientEvent::Failed(f)) if self.boundary.ended() => {
+                debug!(
+                    "request {}: {} after the stream's last event; ended normally",
+                    self.wire,
+                    f.code()
+                );
+                self.push_stream_end(buf, framing, "");
             }
             (Some(framing), ClientEvent::Failed(f)) => {
                 let e = ApiError::from_failure_for(&f, queue_timeout, self.style);

@@ -71,6 +71,8 @@ pub struct EventBoundary {
     at: At,
     /// The last byte seen was `\r`: a `\n` next belongs to the same line end.
     cr: bool,
+    /// The stream's own last event has gone out (see [`EventBoundary::ended`]).
+    ended: bool,
 }
 
 /// What [`EventBoundary::abandon`] did to end the stream on a boundary.
@@ -91,6 +93,7 @@ impl EventBoundary {
             passing: false,
             at: At::EventEnd,
             cr: false,
+            ended: false,
         }
     }
 
@@ -124,7 +127,18 @@ impl EventBoundary {
                 out.to_mut().push_str(&held);
             }
         }
+        if !self.ended {
+            self.ended = is_last_event_in(&out, self.format);
+        }
         out
+    }
+
+    /// Whether the stream's own last event (`data: [DONE]`, Anthropic's
+    /// `message_stop`, Ollama's `"done":true` line) has gone out whole. A worker lost
+    /// after that has nothing left to send: the stream ends normally, since an error
+    /// event after the last one would be an event after the end.
+    pub fn ended(&self) -> bool {
+        self.ended
     }
 
     /// The normal end of the stream: the held start of an unfinished last event, to be
@@ -205,6 +219,24 @@ impl EventBoundary {
             }
         }
         end
+    }
+}
+
+/// Whether forwarded events `out` hold a stream's last event. Markers count only at
+/// the start of a line: inside a JSON string a line break is escaped, so a model that
+/// writes `data: [DONE]` in its answer cannot end the stream early.
+fn is_last_event_in(out: &str, format: Format) -> bool {
+    let at_line_start = |marker: &str| {
+        out.match_indices(marker)
+            .any(|(i, _)| i == 0 || out.as_bytes()[i - 1] == b'\n')
+    };
+    match format {
+        Format::Sse => {
+            at_line_start("data: [DONE]")
+                || at_line_start("data:[DONE]")
+                || at_line_start("event: message_stop")
+        }
+        Format::Ndjson => out.contains("\"done\":true"),
     }
 }
 

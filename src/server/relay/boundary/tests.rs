@@ -338,3 +338,24 @@ fn ndjson_any_split_and_cut_leaves_only_whole_lines() {
         assert_eq!(parsed[whole]["error"], "x");
     }
 }
+
+#[test]
+fn the_last_event_is_noticed_whole_and_only_at_a_line_start() {
+    let mut b = EventBoundary::new(Format::Sse);
+    b.push("data: {\"choices\":[{\"delta\":{\"content\":\"data: [DONE]\"}}]}\n\n");
+    assert!(!b.ended(), "inside a JSON string it is text");
+    b.push("data: [DO");
+    assert!(!b.ended(), "not before its end arrives");
+    b.push("NE]\n\n");
+    assert!(b.ended());
+
+    let mut a = EventBoundary::new(Format::Sse);
+    a.push("event: message_delta\ndata: {}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    assert!(a.ended(), "Anthropic's message_stop");
+
+    let mut n = EventBoundary::new(Format::Ndjson);
+    n.push("{\"message\":{\"content\":\"\\\"done\\\":true\"},\"done\":false}\n");
+    assert!(!n.ended(), "an escaped quote is not the key");
+    n.push("{\"done\":true}\n");
+    assert!(n.ended());
+}
