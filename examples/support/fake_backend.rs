@@ -216,12 +216,6 @@ impl FakeBackend {
         }
     }
 
-    /// Remembers the prompts it answered and reports cache reuse in whole answers.
-    pub fn with_prompt_cache(mut self) -> FakeBackend {
-        self.cache = Some(Arc::default());
-        self
-    }
-
     /// An Ollama serving `models`, with `loaded` in memory.
     pub fn ollama(models: &[&str], loaded: &[&str], answer: &str) -> FakeBackend {
         FakeBackend::flavour(Flavour::Ollama, models, loaded, answer)

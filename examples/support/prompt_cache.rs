@@ -9,6 +9,14 @@ use std::collections::HashSet;
 use std::hash::Hasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+impl super::FakeBackend {
+    /// Remembers the prompts it answered and reports cache reuse in whole answers.
+    pub fn with_prompt_cache(mut self) -> super::FakeBackend {
+        self.cache = Some(std::sync::Arc::default());
+        self
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct PromptCache {
     seen: parking_lot::Mutex<HashSet<u64>>,
