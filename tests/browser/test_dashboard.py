@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -188,6 +189,13 @@ class Suite:
         return self.d.find_element(By.CSS_SELECTOR, css)
 
     def text_of(self, css):
+        # The page re-renders live: an element found a moment ago may have been
+        # replaced by the time its text is read, so find it again.
+        for _ in range(20):
+            try:
+                return self.d.find_element(By.CSS_SELECTOR, css).text
+            except StaleElementReferenceException:
+                continue
         return self.d.find_element(By.CSS_SELECTOR, css).text
 
     def wait_text(self, css, pred, what, timeout=WAIT):
@@ -195,7 +203,8 @@ class Suite:
         def probe(d):
             text = d.find_element(By.CSS_SELECTOR, css).text
             return text if pred(text) else None
-        return WebDriverWait(self.d, timeout, poll_frequency=0.05).until(probe, message=what)
+        return WebDriverWait(self.d, timeout, poll_frequency=0.05,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(probe, message=what)
 
     def accept_confirm(self):
         WebDriverWait(self.d, WAIT).until(EC.alert_is_present(), message="a confirmation")
@@ -369,10 +378,10 @@ class Suite:
         assert env["WORKER_SECRET"] == SECRET and env["PROXY_URL"] == self.s.url, env
         env["BACKEND_KIND"] = "auto"  # the demo backend speaks plain OpenAI, not Ollama
         self.s.start_worker("wizard-box", None, env=env)
-        WebDriverWait(self.d, WAIT).until(
+        WebDriverWait(self.d, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda d: d.find_element(By.ID, "check").get_attribute("data-state") == "connected",
             message="the live check turning green")
-        assert "demo" in self.text_of("#check-models")
+        self.wait_text("#check-models", lambda t: "demo" in t, "the live check listing the worker's models")
         self.screenshot("setup.png")
         assert not self.severe(self.logs()), self.console
 
