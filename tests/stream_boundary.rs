@@ -11,10 +11,12 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 
 use common::procs::{start_worker, Proc, ServerProc};
 use common::sse::{clean_events, events};
 use common::*;
+use modelrelay::protocol::RequestMessage;
 use serde_json::{json, Value};
 
 /// What the scripted backend does with every POST.
@@ -299,41 +301,44 @@ fn a_worker_killed_inside_an_event_ends_the_stream_with_a_whole_error_event() {
     assert_words_then_error(&text, &["w1 ", "w2 "], "worker_disconnected");
 }
 
+/// A chat stream in flight on a fake worker (byte-exact control of what it sends):
+/// the server, the worker, the client's connection and the request it got.
+fn streaming_to_fake_worker() -> (TestServer, FakeWorker, TcpStream, Arc<RequestMessage>) {
+    let server = TestServer::start();
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    let client = send_request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body()),
+        &[],
+    );
+    let req = worker.request();
+    (server, worker, client, req)
+}
+
+/// The worker streams `sent` and its connection is then lost: the body the client got.
+fn streamed_then_worker_lost(sent: &str) -> String {
+    let (_server, worker, mut client, req) = streaming_to_fake_worker();
+    worker.chunk(&req.request_id, sent);
+    worker.kill();
+    let r = read_response(&mut client);
+    assert_eq!(r.status, 200);
+    r.text()
+}
+
 #[test]
 fn a_worker_connection_lost_after_a_data_line_ends_with_a_whole_error_event() {
     // A fake worker, byte-exact: a whole event, then a data line whose blank line never
     // comes (forwarded, the error's data would join it in one event).
-    let server = TestServer::start();
-    let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat_body()),
-        &[],
-    );
-    let req = worker.request();
     let half = format!("{}data: {{\"choices\":[]}}\n", openai_event(1));
-    worker.chunk(&req.request_id, &half);
-    worker.kill();
-    let mut client = client;
-    let r = read_response(&mut client);
-    assert_eq!(r.status, 200);
-    assert_words_then_error(&r.text(), &["w1 "], "worker_disconnected");
+    let text = streamed_then_worker_lost(&half);
+    assert_words_then_error(&text, &["w1 "], "worker_disconnected");
 }
 
 #[test]
 fn an_event_split_across_chunks_goes_out_whole_as_soon_as_its_end_arrives() {
-    let server = TestServer::start();
-    let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat_body()),
-        &[],
-    );
-    let req = worker.request();
+    let (_server, worker, client, req) = streaming_to_fake_worker();
     let (one, two) = (openai_event(1), openai_event(2));
     // A whole event and the start of the next in one piece: the whole one goes out now.
     worker.chunk(&req.request_id, &format!("{one}{}", &two[..20]));
@@ -353,24 +358,9 @@ fn a_worker_lost_after_the_last_event_ends_the_stream_normally() {
     // Found by `make soak`: a stream's `data: [DONE]` reached the client, the worker's
     // connection was then cut before its `response_complete`, and the relay appended a
     // `worker_disconnected` event after the end.
-    let server = TestServer::start();
-    let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let client = send_request(
-        server.addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat_body()),
-        &[],
-    );
-    let req = worker.request();
     let whole = format!("{}data: [DONE]\n\n", openai_event(1));
-    worker.chunk(&req.request_id, &whole);
-    worker.kill();
-    let mut client = client;
-    let r = read_response(&mut client);
-    assert_eq!(r.status, 200);
     assert_eq!(
-        r.text(),
+        streamed_then_worker_lost(&whole),
         whole,
         "the stream as the backend sent it, nothing after"
     );
