@@ -6,7 +6,8 @@ comma = ,
 BINDIR = $(DESTDIR)$(PREFIX)/bin
 MANDIR = $(DESTDIR)$(PREFIX)/share/man/man8
 UNITDIR = $(DESTDIR)$(PREFIX)/lib/systemd/system
-EXAMPLEDIR = $(DESTDIR)$(PREFIX)/share/doc/modelrelay/examples
+DOCDIR = $(DESTDIR)$(PREFIX)/share/doc/modelrelay
+EXAMPLEDIR = $(DOCDIR)/examples
 # `make static TARGET=...`: x86_64-unknown-linux-musl (default), aarch64-unknown-linux-musl,
 # armv7-unknown-linux-musleabihf, x86_64-pc-windows-gnu (the worker). contrib/cross/cargo.sh
 # installs the rustup target and Debian's cross compiler when missing.
@@ -23,7 +24,7 @@ FEATURE_FLAGS = $(if $(NO_TLS),--no-default-features,) $(if $(FEATURES),--featur
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static dist run test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
+.PHONY: build release static dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -42,7 +43,7 @@ static:
 	done
 
 # Release tarballs for every DIST_TARGETS entry (binaries, man pages, systemd units, OpenWrt
-# scripts, examples, README, LICENSE) and dist/SHA256SUMS. NO_TLS=1 / FEATURES=... as for
+# scripts, examples, README, docs, LICENSE) and dist/SHA256SUMS. NO_TLS=1 / FEATURES=... as for
 # `make static` (the tarball names say so).
 dist:
 	@if [ -n "$(NO_TLS)" ] && [ -n "$(FEATURES)" ]; then echo "NO_TLS=1 and FEATURES=$(FEATURES) contradict each other" >&2; exit 2; fi
@@ -53,6 +54,11 @@ dist:
 run:
 	$(CARGO) build --release --bins --example demo_backend
 	./contrib/run-demo.sh
+
+# Rewrites the generated option tables in docs/configuration.md from the code's option
+# tables (the ones --help prints); tests/docs.rs fails until they agree.
+docs:
+	$(CARGO) run --quiet --example options_doc
 
 # Every test: formatting, lints, unit, integration (real sockets), end to end, docs, the
 # real llama-server + SDK suite, the cross suite (ARM under qemu-user, the Windows worker
@@ -68,7 +74,7 @@ test-rust:
 test-browser:
 	./tests/browser/run.sh
 
-# The long chaos run (issue 14): release binaries, 10,000 mixed requests while workers
+# The long chaos run: release binaries, 10,000 mixed requests while workers
 # are killed, paused and cut off, two server restarts; prints the invariants table.
 # CHAOS_SEED, CHAOS_REQUESTS, CHAOS_CLIENTS, CHAOS_FAULTS, ... (see examples/chaos.rs).
 chaos:
@@ -105,7 +111,7 @@ bench:
 	./target/release/examples/bench
 
 # `make bench` with the usage journal on, without and then with 1,000 usage-stream
-# subscribers that never read (issue 11: they must not slow the relay).
+# subscribers that never read (they must not slow the relay).
 bench-usage-stream:
 	$(CARGO) build --release --bins --example bench
 	BENCH_USAGE_SUBSCRIBERS=0 ./target/release/examples/bench
@@ -153,6 +159,9 @@ install: release
 	sed 's|/usr/local/bin|$(PREFIX)/bin|' contrib/systemd/modelrelay-worker@.service > $(UNITDIR)/modelrelay-worker@.service
 	chmod 644 $(UNITDIR)/modelrelay-server.service $(UNITDIR)/modelrelay-worker@.service
 	install -m 644 contrib/systemd/server.env.example contrib/systemd/worker.env.example $(EXAMPLEDIR)/
+	install -d $(DOCDIR)/docs
+	install -m 644 README.md $(DOCDIR)/
+	install -m 644 docs/*.md $(DOCDIR)/docs/
 
 uninstall:
 	rm -f $(BINDIR)/modelrelay-server $(BINDIR)/modelrelay-worker

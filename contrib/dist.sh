@@ -8,6 +8,7 @@
 #                                         systemd/    units and example environment files
 #                                         openwrt/    procd init scripts, /etc/config/modelrelay
 #                                         examples/   server.env.example, worker.env.example
+#                                         docs/       the guides (docs/*.md)
 #                                         README.md, LICENSE
 #   DIR/install.sh (contrib/install.sh) and DIR/SHA256SUMS over every tarball in DIR and
 #   install.sh.
@@ -60,6 +61,8 @@ for t in "${targets[@]}"; do
   done
   cp man/modelrelay-server.8 man/modelrelay-worker.8 "$root/man/"
   cp contrib/systemd/server.env.example contrib/systemd/worker.env.example "$root/examples/"
+  mkdir -p "$root/docs"
+  cp docs/*.md "$root/docs/"
   cp README.md LICENSE "$root/"
   chmod -R u=rwX,go=rX "$root"
   tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" -cf - "$name" |

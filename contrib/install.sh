@@ -161,10 +161,11 @@ done
 for m in "$pkg"/man/*.8; do
 	[ -f "$m" ] && put "$m" "$destdir$prefix/share/man/man8/$(basename "$m")" 644
 done
-for e in "$pkg"/examples/* "$pkg"/README.md "$pkg"/LICENSE; do
+for e in "$pkg"/examples/* "$pkg"/docs/*.md "$pkg"/README.md "$pkg"/LICENSE; do
 	[ -f "$e" ] || continue
 	case $e in
 	*/examples/*) put "$e" "$destdir$prefix/share/doc/modelrelay/examples/$(basename "$e")" 644 ;;
+	*/docs/*) put "$e" "$destdir$prefix/share/doc/modelrelay/docs/$(basename "$e")" 644 ;;
 	*) put "$e" "$destdir$prefix/share/doc/modelrelay/$(basename "$e")" 644 ;;
 	esac
 done

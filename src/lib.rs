@@ -24,6 +24,7 @@ pub mod cli;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod net;
+pub mod options_doc;
 pub mod protocol;
 pub mod rfc3339;
 pub mod server;

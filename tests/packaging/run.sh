@@ -106,12 +106,15 @@ else
 fi
 linux_want="LICENSE README.md bin/modelrelay-server bin/modelrelay-worker examples/server.env.example examples/worker.env.example man/modelrelay-server.8 man/modelrelay-worker.8 openwrt/modelrelay-server.init openwrt/modelrelay-worker.init openwrt/modelrelay.config systemd/modelrelay-server.service systemd/modelrelay-worker@.service systemd/server.env.example systemd/worker.env.example"
 windows_want="LICENSE README.md bin/modelrelay-worker.exe examples/server.env.example examples/worker.env.example man/modelrelay-server.8 man/modelrelay-worker.8"
+docs_want=$(cd docs && printf 'docs/%s\n' *.md)
 for t in $ALL; do
   name=modelrelay-$VERSION-$t
   got=$(tar -tzf "$DIST/$name.tar.gz" | grep -v '/$' | sed "s|^$name/||" | sort | tr '\n' ' ' | sed 's/ $//')
   want=$linux_want
   [[ $t == *windows* ]] && want=$windows_want
-  if [ "$got" = "$want" ]; then ok "$name.tar.gz holds binaries, man pages, units, examples, README, LICENSE"; else
+  # shellcheck disable=SC2086
+  want=$(printf '%s\n' $want $docs_want | sort | tr '\n' ' ' | sed 's/ $//')
+  if [ "$got" = "$want" ]; then ok "$name.tar.gz holds binaries, man pages, units, examples, README, docs, LICENSE"; else
     fail "$name.tar.gz contents: $got"
   fi
 done
@@ -168,7 +171,7 @@ modes_ok=yes
 for f in "usr/local/bin/modelrelay-server 755" "usr/local/bin/modelrelay-worker 755" \
   "usr/local/share/man/man8/modelrelay-server.8 644" "usr/local/share/man/man8/modelrelay-worker.8 644" \
   "usr/local/lib/systemd/system/modelrelay-server.service 644" "usr/local/lib/systemd/system/modelrelay-worker@.service 644" \
-  "usr/local/share/doc/modelrelay/examples/worker.env.example 644" "usr/local/share/doc/modelrelay/README.md 644" \
+  "usr/local/share/doc/modelrelay/examples/worker.env.example 644" "usr/local/share/doc/modelrelay/README.md 644" "usr/local/share/doc/modelrelay/docs/configuration.md 644" \
   "etc/modelrelay/server.env 600" "var/lib/modelrelay 750"; do
   read -r path mode <<<"$f"
   [ "$(stat -c %a "$D1/$path" 2>/dev/null)" = "$mode" ] || { modes_ok=no; echo "    $path: $(stat -c %a "$D1/$path" 2>&1), want $mode"; }
