@@ -75,10 +75,10 @@ mod tests {
 
     #[test]
     fn regenerate_replaces_only_between_markers_and_escapes_pipes() {
-        let page = "intro\n<!-- options:server:begin -->\nold\n<!-- options:server:end -->\nmid\n<!-- options:worker:begin -->\n<!-- options:worker:end -->\nend\n";
+        let page = "intro\n<!-- options:server:begin -->\nSTALE-TABLE\n<!-- options:server:end -->\nmid\n<!-- options:worker:begin -->\n<!-- options:worker:end -->\nend\n";
         let new = regenerate(page).unwrap();
         assert!(new.starts_with("intro\n") && new.ends_with("end\n") && new.contains("\nmid\n"));
-        assert!(!new.contains("old"));
+        assert!(!new.contains("STALE-TABLE"));
         assert_eq!(
             generated_part(&new, "server").unwrap(),
             markdown(crate::server::config::OPTIONS)
