@@ -88,7 +88,7 @@ pub struct Config {
     pub affinity_wait: Duration,
 }
 
-/// `AFFINITY_WAIT_MS` unless set: measured with `make bench-affinity` (see the README).
+/// `AFFINITY_WAIT_MS` unless set: measured with `make bench-affinity` (see docs/proving.md).
 pub const DEFAULT_AFFINITY_WAIT_MS: u64 = 20_000;
 
 impl Default for Config {

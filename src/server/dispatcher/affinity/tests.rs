@@ -78,7 +78,7 @@ fn waits_are_counted_per_worker() {
 
 #[test]
 fn memory_per_worker_is_as_the_readme_says() {
-    // The README and the module docs state about 116 KiB for a full set.
+    // docs/routing.md and the module docs state about 116 KiB for a full set.
     let slot = std::mem::size_of::<Slot>();
     let bucket = std::mem::size_of::<(Key, u32)>() + 1;
     let buckets = (PER_WORKER * 8 / 7).next_power_of_two();
