@@ -106,7 +106,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "state-dir",
         env: "STATE_DIR",
         default: Some("/var/lib/modelrelay"),
-        help: "directory for the API keys (keys.json) and the usage journal (usage.journal)",
+        help: "directory for the API keys (keys.json), the usage journal (usage.journal) and used op-token nonces (op-nonces)",
     },
     Opt {
         flag: "usage-retention-days",
