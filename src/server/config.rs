@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::client_ip::TrustedProxies;
 use super::dispatcher;
 use super::http::request::Limits;
 use super::lifecycle::governance;
@@ -228,6 +229,12 @@ pub const OPTIONS: &[Opt] = &[
         default: Some("75"),
         help: "how long an idle keep-alive client connection stays open",
     },
+    Opt {
+        flag: "trusted-proxies",
+        env: "TRUSTED_PROXIES",
+        default: None,
+        help: "reverse proxies (IPs, CIDRs, comma list) whose X-Forwarded-For names the client",
+    },
 ];
 
 /// Typed server configuration.
@@ -259,6 +266,8 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// Worker binaries the setup wizard hands out (`WORKER_DOWNLOAD_DIR`).
     pub worker_download_dir: Option<std::path::PathBuf>,
+    /// Proxies whose forwarding headers name the client (`TRUSTED_PROXIES`).
+    pub trusted_proxies: TrustedProxies,
 }
 
 impl ServerConfig {
@@ -320,6 +329,8 @@ impl ServerConfig {
             governance: governance_config(s)?,
             public_url: public_url(s)?,
             worker_download_dir: s.get("worker-download-dir").map(Into::into),
+            trusted_proxies: TrustedProxies::parse(s.get("trusted-proxies").unwrap_or(""))
+                .map_err(ConfigError)?,
         })
     }
 }

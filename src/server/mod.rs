@@ -16,6 +16,7 @@
 mod api;
 pub mod auth;
 pub mod body;
+pub mod client_ip;
 pub mod config;
 pub mod dashboard;
 pub mod dispatcher;

@@ -1,0 +1,131 @@
+//! One request must not hurt everyone: the auth-failure limiter behind a reverse proxy
+//! (`TRUSTED_PROXIES`), and cross-site browser requests (`origin.rs`). The real server
+//! on a real socket; the proxy is a small forwarding proxy in this file that adds
+//! `X-Forwarded-For` as nginx's `$proxy_add_x_forwarded_for` does, so every client
+//! arrives from the proxy's one address.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+
+use common::{request, FakeWorker, TestServer, Upgrade, ADMIN_TOKEN, SECRET};
+use modelrelay::server::client_ip::TrustedProxies;
+use serde_json::json;
+
+/// A forwarding proxy on 127.0.0.1 that presents every connection to `server` as coming
+/// from `client`: it adds `X-Forwarded-For: client` to the request head, then copies
+/// bytes both ways (a WebSocket upgrade included).
+fn proxy(server: SocketAddr, client: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for down in listener.incoming().flatten() {
+            std::thread::spawn(move || forward(down, server, client));
+        }
+    });
+    addr
+}
+
+fn forward(mut down: TcpStream, server: SocketAddr, client: &str) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match down.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return,
+        }
+    }
+    head.truncate(head.len() - 2);
+    head.extend_from_slice(format!("x-forwarded-for: {client}\r\n\r\n").as_bytes());
+    let Ok(mut up) = TcpStream::connect(server) else {
+        return;
+    };
+    if up.write_all(&head).is_err() {
+        return;
+    }
+    let (Ok(mut up_read), Ok(mut down_write)) = (up.try_clone(), down.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut up_read, &mut down_write);
+        let _ = down_write.shutdown(std::net::Shutdown::Both);
+    });
+    let _ = std::io::copy(&mut down, &mut up);
+    let _ = up.shutdown(std::net::Shutdown::Write);
+}
+
+fn admin_stats(via: SocketAddr, token: Option<&str>) -> u16 {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    request(via, "GET", "/admin/stats", None, &headers).status
+}
+
+fn worker_connects(via: SocketAddr, secret: &str) -> Result<FakeWorker, u16> {
+    let register = json!({"type": "register", "worker_name": "w", "models": ["m"],
+        "max_concurrent": 1, "protocol_version": "1"});
+    match FakeWorker::try_connect(
+        via,
+        "/v1/worker/connect?provider=local",
+        Some(secret),
+        register,
+    ) {
+        Upgrade::Ok(w) => Ok(w),
+        Upgrade::Refused(status) => Err(status),
+    }
+}
+
+#[test]
+fn bad_admin_calls_from_one_forwarded_client_lock_out_no_one_else() {
+    let server = TestServer::start_admin(|c| {
+        c.trusted_proxies = TrustedProxies::parse("127.0.0.1").unwrap();
+    });
+    let attacker = proxy(server.addr, "203.0.113.66");
+    let curious = proxy(server.addr, "203.0.113.77");
+    let operator = proxy(server.addr, "198.51.100.8");
+    let worker_host = proxy(server.addr, "198.51.100.7");
+
+    // Header-less calls are plain 401s, however many: nothing to count.
+    for _ in 0..15 {
+        assert_eq!(admin_stats(curious, None), 401);
+    }
+    assert_eq!(admin_stats(curious, Some(ADMIN_TOKEN)), 200);
+
+    // Wrong tokens: counted for that client only, 429 past the limit.
+    let statuses: Vec<u16> = (0..12)
+        .map(|_| admin_stats(attacker, Some("guess")))
+        .collect();
+    assert_eq!(&statuses[..10], &[401; 10]);
+    assert_eq!(&statuses[10..], &[429, 429]);
+
+    // Everyone else, all arriving from the same proxy address, still gets in.
+    assert_eq!(admin_stats(operator, Some(ADMIN_TOKEN)), 200);
+    let w = worker_connects(worker_host, SECRET).expect("a worker behind the proxy connects");
+    // A worker on the attacker's own address is another kind of credential; and a
+    // valid admin token always passes.
+    let w2 = worker_connects(attacker, SECRET).expect("worker secret is counted apart");
+    assert_eq!(admin_stats(attacker, Some(ADMIN_TOKEN)), 200);
+    server.wait_health("both workers counted", |h| h["workers_connected"] == 2);
+    drop((w, w2));
+}
+
+#[test]
+fn a_workers_success_does_not_clear_admin_failures_and_untrusted_peers_forward_nothing() {
+    let server = TestServer::start_admin(|c| {
+        c.trusted_proxies = TrustedProxies::parse("10.0.0.0/8").unwrap();
+    });
+    // 127.0.0.1 is not trusted here: its X-Forwarded-For is ignored, so spreading
+    // guesses over forged addresses does not spread the count.
+    let forged_a = proxy(server.addr, "203.0.113.1");
+    let forged_b = proxy(server.addr, "203.0.113.2");
+    for n in 0..9 {
+        let via = if n % 2 == 0 { forged_a } else { forged_b };
+        assert_eq!(admin_stats(via, Some("guess")), 401);
+    }
+    // The same address's worker signs in; its admin failures stay.
+    let _w = worker_connects(server.addr, SECRET).expect("worker connects");
+    assert_eq!(admin_stats(server.addr, Some("guess")), 401, "the tenth");
+    assert_eq!(admin_stats(forged_a, Some("guess")), 429);
+    // And a wrong worker secret is refused by its own count, not the admin one.
+    assert_eq!(worker_connects(server.addr, "wrong").err(), Some(401));
+}
