@@ -129,3 +129,39 @@ fn a_workers_success_does_not_clear_admin_failures_and_untrusted_peers_forward_n
     // And a wrong worker secret is refused by its own count, not the admin one.
     assert_eq!(worker_connects(server.addr, "wrong").err(), Some(401));
 }
+
+#[cfg(unix)]
+#[test]
+fn state_files_are_created_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::env::temp_dir().join(format!("mr-guard-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = root.join("state");
+    let state = dir.clone();
+    let server = TestServer::start_admin(move |c| c.state_dir = state);
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let created = request(
+        server.addr,
+        "POST",
+        "/admin/keys",
+        Some(r#"{"name":"t"}"#),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+    );
+    assert_eq!(created.status, 201, "{}", created.text());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700, "the state directory");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_file() {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+            files.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    assert!(files.iter().any(|f| f == "keys.json"), "{files:?}");
+    drop(server);
+    let _ = std::fs::remove_dir_all(&root);
+}

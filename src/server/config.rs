@@ -237,8 +237,8 @@ pub const OPTIONS: &[Opt] = &[
     },
 ];
 
-/// Typed server configuration.
-#[derive(Debug, Clone)]
+/// Typed server configuration. `Debug` is written by hand: it never shows a secret.
+#[derive(Clone)]
 pub struct ServerConfig {
     pub listen_addr: String,
     pub provider: String,
@@ -335,6 +335,34 @@ impl ServerConfig {
     }
 }
 
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |set: bool| if set { "<redacted>" } else { "<unset>" };
+        f.debug_struct("ServerConfig")
+            .field("listen_addr", &self.listen_addr)
+            .field("provider", &self.provider)
+            .field("worker_secret", &hidden(!self.worker_secret.is_empty()))
+            .field("dispatch", &self.dispatch)
+            .field("limits", &self.limits)
+            .field("max_ws_message_bytes", &self.max_ws_message_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("admin_token", &hidden(self.admin_token.is_some()))
+            .field("require_api_keys", &self.require_api_keys)
+            .field("state_dir", &self.state_dir)
+            .field("usage_retention_days", &self.usage_retention_days)
+            .field("tls", &self.tls)
+            .field("tenancy", &self.tenancy)
+            .field("metrics_max_tenants", &self.metrics_max_tenants)
+            .field("moe_enabled", &self.moe_enabled)
+            .field("governance", &self.governance)
+            .field("public_url", &self.public_url)
+            .field("worker_download_dir", &self.worker_download_dir)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .finish()
+    }
+}
+
 fn governance_config(s: &Settings) -> Result<governance::Config, ConfigError> {
     governance::Config::new(
         s.get("verified-op-token-key-path"),
@@ -402,5 +430,17 @@ mod tests {
         let off = cfg(&[("routing-affinity", "off"), ("affinity-wait-ms", "0")]).expect("off");
         assert!(!off.affinity && off.affinity_wait.is_zero());
         assert!(cfg(&[("routing-affinity", "sometimes")]).is_err());
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let cfg = ServerConfig::from_settings(&Settings::from_pairs(&[
+            ("worker-secret", "sekrit-worker"),
+            ("admin-token", "sekrit-admin"),
+        ]))
+        .unwrap();
+        let shown = format!("{cfg:?} {cfg:#?}");
+        assert!(!shown.contains("sekrit"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 }
