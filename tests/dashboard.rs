@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 /// `Host` of every request `common::request` sends, so our pages' Origin is this.
-const ORIGIN: &str = "http://test";
+const ORIGIN: &str = "http://localhost";
 
 fn form_sign_in(server: &TestServer, token: &str) -> Response {
     let body = format!("token={token}&next=%2Fsetup");
@@ -164,7 +164,7 @@ fn signed_out_pages_carry_no_data_and_data_routes_answer_401() {
     let info = request(server.addr, "GET", "/setup/info", None, &[]).json();
     assert_eq!(info["signed_in"], false);
     assert_eq!(info["worker_secret"], Value::Null);
-    assert_eq!(info["public_url"], "http://test");
+    assert_eq!(info["public_url"], "http://localhost");
     let css = request(server.addr, "GET", "/dashboard/assets/style.css", None, &[]);
     assert_eq!(css.status, 200);
     assert!(css.header("content-type").unwrap().starts_with("text/css"));

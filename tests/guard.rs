@@ -9,8 +9,12 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 
-use common::{request, FakeWorker, TestServer, Upgrade, ADMIN_TOKEN, SECRET};
+use common::{
+    chat, openai_answer, read_response, request, FakeWorker, Response, TestServer, Upgrade,
+    ADMIN_TOKEN, SECRET,
+};
 use modelrelay::server::client_ip::TrustedProxies;
+use modelrelay::server::origin::AllowedOrigins;
 use serde_json::json;
 
 /// A forwarding proxy on 127.0.0.1 that presents every connection to `server` as coming
@@ -164,4 +168,148 @@ fn state_files_are_created_owner_only() {
     assert!(files.iter().any(|f| f == "keys.json"), "{files:?}");
     drop(server);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A chat POST with exactly these `headers` (Host included, or not), answered by `w`
+/// if it reaches it; `None` from `w` when it did not.
+fn chat_with(addr: SocketAddr, w: &FakeWorker, headers: &[(&str, &str)]) -> (Response, bool) {
+    let body = chat("m", false);
+    let mut head = "POST /v1/chat/completions HTTP/1.1\r\nconnection: close\r\n".to_string();
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(common::WAIT)).ok();
+    stream.write_all(head.as_bytes()).expect("write");
+    let reached = match w.recv_within(std::time::Duration::from_millis(300)) {
+        Some(modelrelay::protocol::ServerMessage::Request(r)) => {
+            w.complete(&r.request_id, 200, &openai_answer("hello"));
+            true
+        }
+        _ => false,
+    };
+    (read_response(&mut stream), reached)
+}
+
+#[test]
+fn cross_site_pages_and_rebound_names_are_refused_tools_and_own_pages_pass() {
+    let server = TestServer::start(); // listens on 127.0.0.1: loopback only
+    let w = FakeWorker::connect(server.addr, &["m"], 4);
+    let port = server.addr.port();
+    let own = format!("localhost:{port}");
+    let own_origin = format!("http://{own}");
+    let ip_host = format!("127.0.0.1:{port}");
+    let rebound = format!("evil.example:{port}");
+
+    // curl / SDKs: no Origin.
+    let (r, reached) = chat_with(server.addr, &w, &[("host", &ip_host)]);
+    assert_eq!((r.status, reached), (200, true), "{}", r.text());
+    // HTTP/1.0-style, no Host at all.
+    let (r, _) = chat_with(server.addr, &w, &[]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A page of this server.
+    let (r, _) = chat_with(server.addr, &w, &[("host", &own), ("origin", &own_origin)]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("access-control-allow-origin").is_none());
+
+    // Another site's page, by Origin or by Sec-Fetch-Site.
+    for headers in [
+        vec![("host", own.as_str()), ("origin", "http://evil.example")],
+        vec![("host", own.as_str()), ("origin", "null")],
+        vec![("host", own.as_str()), ("sec-fetch-site", "cross-site")],
+    ] {
+        let (r, reached) = chat_with(server.addr, &w, &headers);
+        assert_eq!(r.status, 403, "{headers:?}");
+        assert_eq!(r.json()["error"]["code"], "cross_origin", "{headers:?}");
+        assert!(r.header("x-request-id").is_some());
+        assert!(!reached, "{headers:?} reached the worker");
+    }
+    // DNS rebinding: the page is same-origin with itself, but its Host is not ours.
+    let (r, reached) = chat_with(
+        server.addr,
+        &w,
+        &[("host", &rebound), ("origin", &format!("http://{rebound}"))],
+    );
+    assert_eq!((r.status, reached), (403, false));
+    assert_eq!(r.json()["error"]["code"], "host_not_allowed");
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    write!(
+        s,
+        "GET /v1/models HTTP/1.1\r\nhost: {rebound}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut s).status, 403, "reading the model list");
+}
+
+#[test]
+fn a_relay_on_the_lan_answers_any_name_and_allowed_origins_get_cors() {
+    let server = TestServer::start_with(|c| {
+        c.listen_addr = "0.0.0.0:0".into();
+        c.allowed_origins = AllowedOrigins::parse("http://app.lan:3000").unwrap();
+    });
+    let addr = SocketAddr::from(([127, 0, 0, 1], server.addr.port()));
+    let w = FakeWorker::connect(addr, &["m"], 4);
+    for host in ["relay.lan:8080", "192.168.1.20:8080", "relay"] {
+        let (r, reached) = chat_with(addr, &w, &[("host", host)]);
+        assert_eq!((r.status, reached), (200, true), "{host}: {}", r.text());
+    }
+    let app = ("origin", "http://app.lan:3000");
+    let host = ("host", "relay.lan:8080");
+    // The preflight is answered without reaching any route.
+    let pre = request(
+        addr,
+        "OPTIONS",
+        "/v1/chat/completions",
+        None,
+        &[
+            app,
+            ("access-control-request-method", "POST"),
+            (
+                "access-control-request-headers",
+                "authorization, content-type",
+            ),
+        ],
+    );
+    assert_eq!(pre.status, 204, "{}", pre.text());
+    assert_eq!(
+        pre.header("access-control-allow-origin"),
+        Some("http://app.lan:3000")
+    );
+    assert!(pre
+        .header("access-control-allow-methods")
+        .is_some_and(|m| m.contains("POST")));
+    assert_eq!(
+        pre.header("access-control-allow-headers"),
+        Some("authorization, content-type")
+    );
+    // Its answers, and errors, carry the CORS headers.
+    let (r, reached) = chat_with(addr, &w, &[host, app]);
+    assert_eq!((r.status, reached), (200, true), "{}", r.text());
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://app.lan:3000")
+    );
+    let missing = request(addr, "GET", "/nowhere", None, &[app]);
+    assert_eq!(missing.status, 404);
+    assert_eq!(
+        missing.header("access-control-allow-origin"),
+        Some("http://app.lan:3000")
+    );
+    // Not leaked into the next request on the same thread.
+    let (r, _) = chat_with(addr, &w, &[host]);
+    assert!(r.header("access-control-allow-origin").is_none());
+    // Another origin is still refused, preflight included.
+    let other = ("origin", "http://other.lan");
+    let (r, reached) = chat_with(addr, &w, &[host, other]);
+    assert_eq!((r.status, reached), (403, false));
+    let pre = request(
+        addr,
+        "OPTIONS",
+        "/v1/chat/completions",
+        None,
+        &[other, ("access-control-request-method", "POST")],
+    );
+    assert_eq!(pre.status, 403);
+    assert!(pre.header("access-control-allow-origin").is_none());
 }

@@ -7,6 +7,7 @@ use super::client_ip::TrustedProxies;
 use super::dispatcher;
 use super::http::request::Limits;
 use super::lifecycle::governance;
+use super::origin::AllowedOrigins;
 use super::tenancy::policy::Policy;
 use crate::cli::{ConfigError, Opt, Settings};
 
@@ -235,6 +236,12 @@ pub const OPTIONS: &[Opt] = &[
         default: None,
         help: "reverse proxies (IPs, CIDRs, comma list) whose X-Forwarded-For names the client",
     },
+    Opt {
+        flag: "allowed-origins",
+        env: "ALLOWED_ORIGINS",
+        default: None,
+        help: "web origins (comma list, or *) whose pages may call the relay, with CORS",
+    },
 ];
 
 /// Typed server configuration. `Debug` is written by hand: it never shows a secret.
@@ -268,6 +275,8 @@ pub struct ServerConfig {
     pub worker_download_dir: Option<std::path::PathBuf>,
     /// Proxies whose forwarding headers name the client (`TRUSTED_PROXIES`).
     pub trusted_proxies: TrustedProxies,
+    /// Web origins allowed to call us from a browser (`ALLOWED_ORIGINS`).
+    pub allowed_origins: AllowedOrigins,
 }
 
 impl ServerConfig {
@@ -331,6 +340,8 @@ impl ServerConfig {
             worker_download_dir: s.get("worker-download-dir").map(Into::into),
             trusted_proxies: TrustedProxies::parse(s.get("trusted-proxies").unwrap_or(""))
                 .map_err(ConfigError)?,
+            allowed_origins: AllowedOrigins::parse(s.get("allowed-origins").unwrap_or(""))
+                .map_err(ConfigError)?,
         })
     }
 }
@@ -359,6 +370,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("public_url", &self.public_url)
             .field("worker_download_dir", &self.worker_download_dir)
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("allowed_origins", &self.allowed_origins)
             .finish()
     }
 }

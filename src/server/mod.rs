@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod moe;
 pub mod ollama;
 pub mod ops;
+pub mod origin;
 pub mod private_fs;
 pub mod relay;
 pub mod reply;
