@@ -148,13 +148,18 @@ fn parse_node(text: &str) -> Option<IpAddr> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn req(headers: &[(&str, &str)]) -> Request {
+        request("GET", headers)
+    }
+
+    /// A parsed request with these headers (for this module's and `origin.rs`'s tests).
+    pub(crate) fn request(method: &str, headers: &[(&str, &str)]) -> Request {
         Request {
-            method: "GET".into(),
-            path: "/".into(),
+            method: method.into(),
+            path: "/v1/chat/completions".into(),
             query: String::new(),
             headers: headers
                 .iter()

@@ -1,18 +1,7 @@
 use super::*;
 
 fn req(method: &str, headers: &[(&str, &str)]) -> Request {
-    Request {
-        method: method.into(),
-        path: "/v1/chat/completions".into(),
-        query: String::new(),
-        headers: headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect(),
-        body: Vec::new(),
-        keep_alive: true,
-        http10: false,
-    }
+    crate::server::client_ip::tests::request(method, headers)
 }
 
 /// Refusals compare by code.
