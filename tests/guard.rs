@@ -296,9 +296,21 @@ fn a_relay_on_the_lan_answers_any_name_and_allowed_origins_get_cors() {
         missing.header("access-control-allow-origin"),
         Some("http://app.lan:3000")
     );
-    // Not leaked into the next request on the same thread.
-    let (r, _) = chat_with(addr, &w, &[host]);
-    assert!(r.header("access-control-allow-origin").is_none());
+    // Not carried over to the next request on the same (keep-alive) connection.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(common::WAIT)).ok();
+    let get = |origin: &str| format!("GET /health HTTP/1.1\r\nhost: relay.lan\r\n{origin}\r\n");
+    s.write_all(get("origin: http://app.lan:3000\r\n").as_bytes())
+        .unwrap();
+    let first = read_response(&mut s);
+    assert_eq!(
+        first.header("access-control-allow-origin"),
+        Some("http://app.lan:3000")
+    );
+    s.write_all(get("").as_bytes()).unwrap();
+    let second = read_response(&mut s);
+    assert_eq!(second.status, 200);
+    assert!(second.header("access-control-allow-origin").is_none());
     // Another origin is still refused, preflight included.
     let other = ("origin", "http://other.lan");
     let (r, reached) = chat_with(addr, &w, &[host, other]);
