@@ -316,7 +316,7 @@ impl Client {
     }
 
     fn send_to(&mut self, path: &str, body: &str) {
-        let req = format!("POST {path} HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let req = format!("POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
         self.out.write_all(req.as_bytes()).expect("send");
     }
 
@@ -601,7 +601,7 @@ fn stalled_subscribers(server: SocketAddr) -> Vec<TcpStream> {
         .filter_map(|_| {
             let mut s = TcpStream::connect(server).ok()?;
             let head = format!(
-                "GET /api/usage-stream HTTP/1.1\r\nhost: bench\r\nauthorization: Bearer {ADMIN}\r\n\r\n"
+                "GET /api/usage-stream HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN}\r\n\r\n"
             );
             s.write_all(head.as_bytes()).ok()?;
             Some(s)
@@ -831,7 +831,7 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
     let Ok(mut s) = TcpStream::connect(addr) else {
         return String::new();
     };
-    let head = format!("GET {path} HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n");
+    let head = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
     let _ = s.write_all(head.as_bytes());
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);

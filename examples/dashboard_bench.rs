@@ -118,7 +118,7 @@ impl Tab {
         let answer = request(
             addr,
             &format!(
-                "POST /dashboard/signin HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                "POST /dashboard/signin HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             ),
         );
@@ -129,7 +129,9 @@ impl Tab {
             .expect("session cookie")
             .to_string();
         let mut stream = TcpStream::connect(addr).expect("connect");
-        let head = format!("GET /dashboard/events HTTP/1.1\r\nhost: b\r\ncookie: {cookie}\r\n\r\n");
+        let head = format!(
+            "GET /dashboard/events HTTP/1.1\r\nhost: localhost\r\ncookie: {cookie}\r\n\r\n"
+        );
         stream.write_all(head.as_bytes()).expect("write");
         let snapshots = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -183,7 +185,7 @@ fn drive(addr: SocketAddr, window: Duration) -> u64 {
                 s.set_nodelay(true).ok();
                 let mut reader = BufReader::new(s.try_clone().expect("clone"));
                 let head = format!(
-                    "POST /v1/chat/completions HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 while Instant::now() < until {
@@ -233,7 +235,7 @@ fn get(addr: SocketAddr, path: &str) -> String {
     match TcpStream::connect(addr) {
         Ok(_) => request(
             addr,
-            &format!("GET {path} HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n"),
+            &format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"),
         ),
         Err(_) => String::new(),
     }

@@ -318,7 +318,7 @@ fn http(
 ) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n");
     if let Some(token) = bearer {
         head.push_str(&format!("authorization: Bearer {token}\r\n"));
     }

@@ -66,7 +66,7 @@ fn slow_loris_heads_and_bodies_get_408() {
                     trickle(
                         addr,
                         b"",
-                        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+                        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n",
                     )
                 } else {
                     let head =

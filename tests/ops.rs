@@ -487,7 +487,7 @@ fn the_key_file_survives_kill_9_during_writes() {
                 };
                 use std::io::Write;
                 let auth = format!("Bearer {ADMIN}");
-                let head = format!("POST /admin/keys HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: {auth}\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                let head = format!("POST /admin/keys HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\nauthorization: {auth}\r\ncontent-length: {}\r\n\r\n{body}", body.len());
                 if s.write_all(head.as_bytes()).is_err() {
                     return;
                 }

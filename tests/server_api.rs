@@ -343,7 +343,7 @@ fn keep_alive_expect_continue_and_chunked_request_bodies() {
     let body = chat("m", false);
     write!(
         stream,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -360,7 +360,7 @@ fn keep_alive_expect_continue_and_chunked_request_bodies() {
     reader.read_exact(&mut got).unwrap();
     assert_eq!(got, body.as_bytes());
     // 2: Expect: 100-continue on the same connection.
-    write!(stream, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n", body.len()).unwrap();
+    write!(stream, "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n", body.len()).unwrap();
     let (status, _) = read_head(&mut reader);
     assert_eq!(status, 100);
     stream.write_all(body.as_bytes()).unwrap();
@@ -370,7 +370,7 @@ fn keep_alive_expect_continue_and_chunked_request_bodies() {
     reader.read_exact(&mut got).unwrap();
     // 3: chunked request body.
     let (a, b) = body.split_at(10);
-    write!(stream, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n", a.len(), b.len()).unwrap();
+    write!(stream, "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n", a.len(), b.len()).unwrap();
     let (status, _) = read_head(&mut reader);
     assert_eq!(status, 200);
     let mut got = vec![0; len];

@@ -288,7 +288,7 @@ fn keep_alive_flood(addr: SocketAddr, ids: impl Iterator<Item = usize>) {
     let body = chat("nobody-serves-this", false);
     for id in ids {
         let request = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nx-tenant-id: made-up-{id}\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nx-tenant-id: made-up-{id}\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
         writer.write_all(request.as_bytes()).expect("write");

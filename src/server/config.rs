@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
+use super::client_ip::TrustedProxies;
 use super::dispatcher;
 use super::http::request::Limits;
 use super::lifecycle::governance;
+use super::origin::AllowedOrigins;
 use super::tenancy::policy::Policy;
 use crate::cli::{ConfigError, Opt, Settings};
 
@@ -228,10 +230,22 @@ pub const OPTIONS: &[Opt] = &[
         default: Some("75"),
         help: "how long an idle keep-alive client connection stays open",
     },
+    Opt {
+        flag: "trusted-proxies",
+        env: "TRUSTED_PROXIES",
+        default: None,
+        help: "reverse proxies (IPs, CIDRs, comma list) whose X-Forwarded-For names the client",
+    },
+    Opt {
+        flag: "allowed-origins",
+        env: "ALLOWED_ORIGINS",
+        default: None,
+        help: "web origins (comma list, or *) whose pages may call the relay, with CORS",
+    },
 ];
 
-/// Typed server configuration.
-#[derive(Debug, Clone)]
+/// Typed server configuration. `Debug` is written by hand: it never shows a secret.
+#[derive(Clone)]
 pub struct ServerConfig {
     pub listen_addr: String,
     pub provider: String,
@@ -259,6 +273,10 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// Worker binaries the setup wizard hands out (`WORKER_DOWNLOAD_DIR`).
     pub worker_download_dir: Option<std::path::PathBuf>,
+    /// Proxies whose forwarding headers name the client (`TRUSTED_PROXIES`).
+    pub trusted_proxies: TrustedProxies,
+    /// Web origins allowed to call us from a browser (`ALLOWED_ORIGINS`).
+    pub allowed_origins: AllowedOrigins,
 }
 
 impl ServerConfig {
@@ -320,7 +338,40 @@ impl ServerConfig {
             governance: governance_config(s)?,
             public_url: public_url(s)?,
             worker_download_dir: s.get("worker-download-dir").map(Into::into),
+            trusted_proxies: TrustedProxies::parse(s.get("trusted-proxies").unwrap_or(""))
+                .map_err(ConfigError)?,
+            allowed_origins: AllowedOrigins::parse(s.get("allowed-origins").unwrap_or(""))
+                .map_err(ConfigError)?,
         })
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |set: bool| if set { "<redacted>" } else { "<unset>" };
+        f.debug_struct("ServerConfig")
+            .field("listen_addr", &self.listen_addr)
+            .field("provider", &self.provider)
+            .field("worker_secret", &hidden(!self.worker_secret.is_empty()))
+            .field("dispatch", &self.dispatch)
+            .field("limits", &self.limits)
+            .field("max_ws_message_bytes", &self.max_ws_message_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("admin_token", &hidden(self.admin_token.is_some()))
+            .field("require_api_keys", &self.require_api_keys)
+            .field("state_dir", &self.state_dir)
+            .field("usage_retention_days", &self.usage_retention_days)
+            .field("tls", &self.tls)
+            .field("tenancy", &self.tenancy)
+            .field("metrics_max_tenants", &self.metrics_max_tenants)
+            .field("moe_enabled", &self.moe_enabled)
+            .field("governance", &self.governance)
+            .field("public_url", &self.public_url)
+            .field("worker_download_dir", &self.worker_download_dir)
+            .field("trusted_proxies", &self.trusted_proxies)
+            .field("allowed_origins", &self.allowed_origins)
+            .finish()
     }
 }
 
@@ -391,5 +442,17 @@ mod tests {
         let off = cfg(&[("routing-affinity", "off"), ("affinity-wait-ms", "0")]).expect("off");
         assert!(!off.affinity && off.affinity_wait.is_zero());
         assert!(cfg(&[("routing-affinity", "sometimes")]).is_err());
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let cfg = ServerConfig::from_settings(&Settings::from_pairs(&[
+            ("worker-secret", "sekrit-worker"),
+            ("admin-token", "sekrit-admin"),
+        ]))
+        .unwrap();
+        let shown = format!("{cfg:?} {cfg:#?}");
+        assert!(!shown.contains("sekrit"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 }

@@ -16,6 +16,8 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::private_fs;
+
 /// Every client key secret starts with this, so a bearer token meant for someone else
 /// is told apart without hashing it.
 pub const SECRET_PREFIX: &str = "mr-";
@@ -202,7 +204,7 @@ impl KeyStore {
     /// Writes the list atomically: temp file, fsync, rename, fsync directory.
     fn persist(&self, keys: &[KeyRecord]) -> Result<(), String> {
         let fail = |what: &str, e: std::io::Error| format!("cannot save API keys ({what}): {e}");
-        fs::create_dir_all(&self.dir).map_err(|e| fail("create state dir", e))?;
+        private_fs::create_dir(&self.dir).map_err(|e| fail("create state dir", e))?;
         let body = serde_json::to_vec_pretty(&KeyFile {
             version: 1,
             keys: keys.to_vec(),
@@ -211,13 +213,11 @@ impl KeyStore {
         let tmp = self
             .dir
             .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
-        let mut file = fs::OpenOptions::new()
+        let mut file = private_fs::options()
             .write(true)
-            .create(true)
             .truncate(true)
             .open(&tmp)
             .map_err(|e| fail("open temp file", e))?;
-        set_private(&file);
         file.write_all(&body).map_err(|e| fail("write", e))?;
         file.sync_all().map_err(|e| fail("fsync", e))?;
         drop(file);
@@ -228,15 +228,6 @@ impl KeyStore {
         Ok(())
     }
 }
-
-#[cfg(unix)]
-fn set_private(file: &fs::File) {
-    use std::os::unix::fs::PermissionsExt;
-    let _ = file.set_permissions(fs::Permissions::from_mode(0o600));
-}
-
-#[cfg(not(unix))]
-fn set_private(_: &fs::File) {}
 
 #[cfg(test)]
 mod tests {

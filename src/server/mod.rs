@@ -16,6 +16,7 @@
 mod api;
 pub mod auth;
 pub mod body;
+pub mod client_ip;
 pub mod config;
 pub mod dashboard;
 pub mod dispatcher;
@@ -29,6 +30,8 @@ pub mod metrics;
 pub mod moe;
 pub mod ollama;
 pub mod ops;
+pub mod origin;
+pub mod private_fs;
 pub mod relay;
 pub mod reply;
 pub mod shared;

@@ -51,6 +51,9 @@ pub enum Outcome {
     StreamBroken(String),
     /// The answer exceeded what fits in one WebSocket message.
     TooLarge(usize),
+    /// The server named a path that would leave the backend's host (`url.rs`): nothing
+    /// was sent anywhere.
+    BadPath(&'static str),
 }
 
 /// Why the backend's model list could not be read.
@@ -81,6 +84,8 @@ const MODELS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Backend {
     base: String,
+    /// `base` with its userinfo redacted: the form shown in errors and logs.
+    shown: String,
     api_key: Option<String>,
     max_body: usize,
 }
@@ -109,15 +114,23 @@ pub fn fresh_agent() -> ureq::Agent {
 impl Backend {
     /// `max_body` caps a non-streamed answer (it travels in one WebSocket message).
     pub fn new(base: &str, api_key: Option<String>, max_body: usize) -> Backend {
+        let base = base.trim_end_matches('/');
         Backend {
-            base: base.trim_end_matches('/').to_string(),
+            base: base.to_string(),
+            shown: url::redacted(base),
             api_key,
             max_body,
         }
     }
 
+    /// The URL of one of the worker's own calls (fixed paths).
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
+    }
+
+    /// The URL of `path` as shown in errors and logs: credentials redacted.
+    pub fn shown_url(&self, path: &str) -> String {
+        format!("{}{}", self.shown, path)
     }
 
     /// The `authorization` header value sent with the worker's own calls, if any.
@@ -209,6 +222,9 @@ impl Backend {
         trim: Option<trim::Policy>,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
+        if let Err(why) = url::checked_url(&self.base, &req.endpoint_path) {
+            return Outcome::BadPath(why);
+        }
         // Streams of OpenAI-style completions ask the backend for their token counts; the
         // extra usage chunk is then stripped from what the client gets.
         let injected = if req.is_streaming {
@@ -551,6 +567,8 @@ impl Utf8Carry {
         out
     }
 }
+
+pub mod url;
 
 #[cfg(test)]
 mod tests;

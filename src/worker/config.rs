@@ -129,7 +129,7 @@ pub enum ModelSource {
     Backend,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct WorkerConfig {
     /// `ws://` or `wss://` URL of the connect endpoint, without the query.
     pub connect_url: String,
@@ -183,7 +183,8 @@ impl WorkerConfig {
             .to_string();
         if !backend_url.starts_with("http://") && !backend_url.starts_with("https://") {
             return Err(ConfigError(format!(
-                "BACKEND_URL must start with http:// or https:// (got `{backend_url}`)"
+                "BACKEND_URL must start with http:// or https:// (got `{}`)",
+                super::backend::url::redacted(&backend_url)
             )));
         }
         Ok(WorkerConfig {
@@ -212,6 +213,34 @@ impl WorkerConfig {
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
             ca_file: s.get("ca-file").map(str::to_string),
         })
+    }
+}
+
+/// By hand, so that a config printed for debugging shows no secret: the worker secret
+/// and backend key are redacted, and URLs lose their userinfo.
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use super::backend::url::redacted;
+        let hidden = |set: bool| if set { "<redacted>" } else { "<unset>" };
+        f.debug_struct("WorkerConfig")
+            .field("connect_url", &redacted(&self.connect_url))
+            .field("secret", &hidden(!self.secret.is_empty()))
+            .field("name", &self.name)
+            .field("provider", &self.provider)
+            .field("backend_url", &redacted(&self.backend_url))
+            .field("models", &self.models)
+            .field("backend_kind", &self.backend_kind)
+            .field("load_keep_alive", &self.load_keep_alive)
+            .field("max_concurrency", &self.max_concurrency)
+            .field("backend_api_key", &hidden(self.backend_api_key.is_some()))
+            .field("drain_timeout", &self.drain_timeout)
+            .field("models_refresh", &self.models_refresh)
+            .field("backend_probe_max", &self.backend_probe_max)
+            .field("context_trim", &self.context_trim)
+            .field("protocol_version", &self.protocol_version)
+            .field("max_ws_message_bytes", &self.max_ws_message_bytes)
+            .field("ca_file", &self.ca_file)
+            .finish()
     }
 }
 
@@ -274,6 +303,23 @@ mod tests {
             "wss://h/prefix/v1/worker/connect"
         );
         assert!(connect_url("relay:8080").is_err());
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let cfg = WorkerConfig::from_settings(&Settings::from_pairs(&[
+            ("worker-secret", "sekrit-worker"),
+            ("backend-api-key", "sekrit-key"),
+            ("backend-url", "http://user:sekrit-pass@gpu:8000"),
+            ("proxy-url", "https://u:sekrit-proxy@relay"),
+        ]))
+        .unwrap();
+        let shown = format!("{cfg:?} {cfg:#?}");
+        assert!(!shown.contains("sekrit"), "{shown}");
+        assert!(
+            shown.contains("gpu:8000") && shown.contains("<redacted>"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use log::{error, info, warn};
 use tungstenite::client::IntoClientRequest;
 
+use super::backend::url::redacted;
 use super::{session, Shared};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,7 +31,7 @@ pub fn run_forever(shared: Arc<Shared>) {
     while !shared.is_draining() {
         let delay = match dial(&shared) {
             Ok(stream) => {
-                info!("connected to {}", shared.cfg.connect_url);
+                info!("connected to {}", redacted(&shared.cfg.connect_url));
                 match session::run(stream, &shared) {
                     session::End::Lost(reason) => {
                         backoff = MIN_BACKOFF;
@@ -62,7 +63,10 @@ pub fn run_forever(shared: Arc<Shared>) {
                 next(&mut backoff)
             }
             Err(DialError::Other(e)) => {
-                warn!("cannot connect to {}: {e}", shared.cfg.connect_url);
+                warn!(
+                    "cannot connect to {}: {e}",
+                    redacted(&shared.cfg.connect_url)
+                );
                 next(&mut backoff)
             }
         };

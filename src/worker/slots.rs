@@ -230,7 +230,7 @@ impl Report {
 fn report(shared: &Shared, req: &RequestMessage, outcome: Outcome) -> Option<Report> {
     let id = req.request_id.as_str();
     let unreachable = |e: &str| {
-        let url = shared.backend.url(&req.endpoint_path);
+        let url = shared.backend.shown_url(&req.endpoint_path);
         format!("backend request to {url} failed: {e}")
     };
     match outcome {
@@ -269,6 +269,12 @@ fn report(shared: &Shared, req: &RequestMessage, outcome: Outcome) -> Option<Rep
             warn!("backend answer for request {id} exceeds {limit} bytes");
             let message = format!("backend answer exceeds {limit} bytes");
             Some(Report::new("response_too_large", message, Some(502)))
+        }
+        Outcome::BadPath(why) => {
+            let path = &req.endpoint_path;
+            warn!("request {id} refused: endpoint path {path:?} not sent to the backend: {why}");
+            let message = format!("the worker refused endpoint path {path:?}: {why}");
+            Some(Report::new("invalid_endpoint_path", message, Some(502)))
         }
     }
 }

@@ -29,7 +29,7 @@ impl Client {
     pub fn chat(&mut self, model: &str) -> Result<u16, String> {
         let body = chat(model, false);
         let req = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
         if self.conn.is_none() {

@@ -432,7 +432,7 @@ pub fn send_request(
 ) -> TcpStream {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream.set_read_timeout(Some(WAIT)).ok();
-    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n");
     for (n, v) in headers {
         head.push_str(&format!("{n}: {v}\r\n"));
     }

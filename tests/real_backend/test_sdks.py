@@ -124,7 +124,7 @@ def open_stream(max_tokens, headers=()):
                        "stream": True, "ignore_eos": True})
     s = socket.create_connection((host, int(port)), timeout=HANG)
     extra = "".join("%s: %s\r\n" % h for h in headers)
-    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%s"
+    s.sendall(("POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n%s"
                "content-length: %d\r\n\r\n%s" % (extra, len(body), body)).encode())
     first = s.recv(4096)
     assert b" 200 " in first.split(b"\r\n")[0], first[:200]

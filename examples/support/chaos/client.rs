@@ -325,7 +325,7 @@ fn run(
     };
     let body = body(plan);
     let head = format!(
-        "POST {} HTTP/1.1\r\nhost: chaos\r\ncontent-type: application/json\r\nx-tenant-id: t{}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        "POST {} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nx-tenant-id: t{}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
         plan.route.path(),
         plan.tenant,
         body.len()

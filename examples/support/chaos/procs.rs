@@ -129,7 +129,7 @@ pub fn get_json(addr: SocketAddr, path: &str) -> Option<Value> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let req = format!(
-        "GET {path} HTTP/1.1\r\nhost: chaos\r\nauthorization: Bearer {ADMIN_TOKEN}\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN_TOKEN}\r\nconnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).ok()?;
     let mut raw = Vec::new();

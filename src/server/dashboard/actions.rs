@@ -61,14 +61,13 @@ pub fn sign_in(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let token = token
         .map(|t| t.trim().to_string())
         .filter(|t| !t.is_empty());
-    if let Err(e) = check_admin_token(ctx, token.as_deref(), conn.peer.ip()) {
+    if let Err(e) = check_admin_token(ctx, token.as_deref(), req, conn.peer.ip()) {
         return if as_json {
             error(conn, req, &e)
         } else {
             signin_page(conn, ctx, req, e.status, next, &e.message)
         };
     }
-    ctx.limiter.record_success(conn.peer.ip());
     let Some(id) = ctx.dashboard.sessions.create(Instant::now()) else {
         let e = ApiError::new(500, "no_randomness", "cannot create a session id");
         return error(conn, req, &e);

@@ -1,5 +1,6 @@
 //! The HTTP front: one thread per client connection, reading requests with
-//! [`request::Conn`] and handing each to the route table ([`super::api`]).
+//! [`request::Conn`] and handing each to the route table ([`super::api`]) through the
+//! browser guard ([`super::origin`]).
 
 pub mod request;
 pub mod response;
@@ -35,7 +36,8 @@ pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
                 return;
             }
         };
-        match super::api::route(conn, &ctx, req) {
+        let next = super::origin::route(conn, &ctx, req);
+        match next {
             Some(c) => conn = c,
             None => return,
         }

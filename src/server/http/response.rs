@@ -1,6 +1,7 @@
 //! Writing HTTP/1.1 responses: whole bodies with `Content-Length`, and chunked bodies for
 //! SSE where every piece goes out in one write the moment it is available.
 
+use std::cell::RefCell;
 use std::io::{self, Write};
 
 /// Hop-by-hop and framing headers we never copy from a worker's response.
@@ -15,6 +16,19 @@ const SKIPPED: &[&str] = &[
     "proxy-authenticate",
     "proxy-connection",
 ];
+
+thread_local! {
+    /// Headers every response written on this thread carries: the CORS headers of an
+    /// allowed cross-origin request (`origin.rs`). The HTTP front sets them around one
+    /// request on its connection's thread, because that answer is written from many
+    /// modules (relay, errors, status, ops, ...) that need not know about CORS.
+    static EXTRA: RefCell<Vec<(String, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Sets the headers added to every response written on this thread (empty: none).
+pub fn set_extra_headers(headers: Vec<(String, String)>) {
+    EXTRA.with(|extra| *extra.borrow_mut() = headers);
+}
 
 pub fn reason(status: u16) -> &'static str {
     match status {
@@ -59,15 +73,25 @@ pub enum Framing {
 pub fn head(status: u16, headers: &[(&str, &str)], framing: Framing, keep_alive: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
-    for (name, value) in headers {
-        if SKIPPED.iter().any(|s| name.eq_ignore_ascii_case(s)) || !header_is_safe(name, value) {
-            continue;
+    EXTRA.with(|extra| {
+        let extra = extra.borrow();
+        let ours = extra.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        // A backend's own CORS headers give way to ours.
+        let theirs = headers
+            .iter()
+            .filter(|(n, _)| !extra.iter().any(|(e, _)| e.eq_ignore_ascii_case(n)))
+            .copied();
+        for (name, value) in theirs.chain(ours) {
+            if SKIPPED.iter().any(|s| name.eq_ignore_ascii_case(s)) || !header_is_safe(name, value)
+            {
+                continue;
+            }
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    });
     match framing {
         Framing::Length(n) => out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes()),
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),

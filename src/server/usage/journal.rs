@@ -32,7 +32,7 @@
 //! size, and memory holds only the live buckets (names interned once).
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
@@ -295,7 +295,7 @@ impl Journal {
     /// buckets older than `retention_days` (0 = keep all) before `now_unix_secs`, and
     /// compacting the file if it is due or had torn/corrupt lines.
     pub fn open(dir: &Path, retention_days: u32, now_unix_secs: u64) -> Result<Journal, String> {
-        fs::create_dir_all(dir)
+        crate::server::private_fs::create_dir(dir)
             .map_err(|e| format!("cannot create usage dir {}: {e}", dir.display()))?;
         let journal = Journal {
             dir: dir.to_path_buf(),
@@ -424,9 +424,8 @@ impl Journal {
         let tmp = self
             .dir
             .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
-        let mut file = OpenOptions::new()
+        let mut file = crate::server::private_fs::options()
             .write(true)
-            .create(true)
             .truncate(true)
             .open(&tmp)?;
         let mut bytes = 0u64;

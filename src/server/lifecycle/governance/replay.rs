@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 
 use super::WINDOW_SECS;
+use crate::server::private_fs;
 
 /// The store's file name inside the state directory.
 pub const FILE_NAME: &str = "op-nonces";
@@ -84,7 +85,7 @@ impl NonceStore {
     /// [`NonceStore::open`] holding at most `capacity` nonces.
     pub fn with_capacity(dir: &Path, now: u64, capacity: usize) -> Result<NonceStore, String> {
         let path = dir.join(FILE_NAME);
-        fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        private_fs::create_dir(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let text = match fs::read(&path) {
             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -209,7 +210,10 @@ fn rewrite(path: &Path, seen: &HashMap<String, u64>) -> io::Result<File> {
         body.push_str(&format!("{at} {nonce}\n"));
     }
     {
-        let mut file = File::create(&tmp)?;
+        let mut file = private_fs::options()
+            .write(true)
+            .truncate(true)
+            .open(&tmp)?;
         file.write_all(body.as_bytes())?;
         file.sync_all()?;
     }

@@ -33,7 +33,7 @@ pub(super) fn bucket_start(hour: u64, bucket: Bucket) -> u64 {
 }
 
 pub(super) fn open_append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().append(true).create(true).open(path)
+    crate::server::private_fs::options().append(true).open(path)
 }
 
 /// What loading the file found.
