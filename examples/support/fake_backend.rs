@@ -148,6 +148,9 @@ enum Scenario {
     SplitUtf8,
     /// A non-streaming body of this many bytes.
     Big(usize),
+    /// A non-streaming `text/plain` body of this many control bytes (0x01): six times
+    /// its size once escaped into a JSON string.
+    Control(usize),
     /// Stream one event, then wait for the client to close.
     Hang,
     /// Stream an event every 20 ms until the client closes.
@@ -182,6 +185,7 @@ fn scenario(body: &str) -> Scenario {
         "status" => Scenario::Status(arg.parse().unwrap_or(500)),
         "split-utf8" => Scenario::SplitUtf8,
         "big" => Scenario::Big(arg.parse().unwrap_or(1 << 20)),
+        "control" => Scenario::Control(arg.parse().unwrap_or(1 << 20)),
         "hang" => Scenario::Hang,
         "drip" => Scenario::Drip,
         "delay" => Scenario::Delay(arg.parse().unwrap_or(100)),
@@ -452,6 +456,7 @@ impl FakeBackend {
                 big.push_str("\"}");
                 respond(out, 200, "application/json", big.as_bytes())
             }
+            Scenario::Control(n) => respond(out, 200, "text/plain", &vec![1u8; n]),
             Scenario::SplitUtf8 => {
                 let text = "data: {\"content\":\"héllo wörld 🌍 ok\"}\n\n".as_bytes();
                 if !start_stream(out) {

@@ -292,6 +292,8 @@ impl ServerConfig {
             idle_timeout: s.secs("idle-timeout-secs", 75)?,
             ..Limits::default()
         };
+        let max_ws_message_bytes = s.number("max-ws-message-bytes", 64 << 20)?;
+        fits_one_message(limits.max_body_bytes, max_ws_message_bytes)?;
         let secret = s.required("worker-secret", "WORKER_SECRET")?;
         Ok(ServerConfig {
             listen_addr: s.string("listen-addr", "127.0.0.1:8080"),
@@ -299,7 +301,7 @@ impl ServerConfig {
             worker_secret: secret,
             dispatch,
             limits,
-            max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
+            max_ws_message_bytes,
             max_connections: s.number("max-connections", 4096)?,
             drain_timeout: s.secs("drain-timeout-secs", 30)?,
             admin_token: s.get("admin-token").map(str::to_string),
@@ -322,6 +324,19 @@ impl ServerConfig {
             worker_download_dir: s.get("worker-download-dir").map(Into::into),
         })
     }
+}
+
+/// A request body travels to a worker inside one WebSocket message, escaped. Refuses a
+/// configuration where even a body with nothing to escape would not fit (with a MiB for
+/// headers and envelope); bodies that fit raw but not escaped get a `413` each.
+fn fits_one_message(max_body: usize, max_message: usize) -> Result<(), ConfigError> {
+    if max_body.saturating_add(1 << 20) <= max_message {
+        return Ok(());
+    }
+    Err(ConfigError(format!(
+        "MAX_REQUEST_BODY_BYTES ({max_body}) plus 1 MiB for headers must fit in \
+         MAX_WS_MESSAGE_BYTES ({max_message}): a body is sent to a worker in one message"
+    )))
 }
 
 fn governance_config(s: &Settings) -> Result<governance::Config, ConfigError> {
@@ -391,5 +406,20 @@ mod tests {
         let off = cfg(&[("routing-affinity", "off"), ("affinity-wait-ms", "0")]).expect("off");
         assert!(!off.affinity && off.affinity_wait.is_zero());
         assert!(cfg(&[("routing-affinity", "sometimes")]).is_err());
+    }
+
+    #[test]
+    fn a_body_limit_that_cannot_fit_one_worker_message_is_refused() {
+        let cfg = |body: &str, ws: &str| {
+            let pairs = [
+                ("worker-secret", "s"),
+                ("max-request-body-bytes", body),
+                ("max-ws-message-bytes", ws),
+            ];
+            ServerConfig::from_settings(&Settings::from_pairs(&pairs))
+        };
+        assert!(cfg("33554432", "67108864").is_ok());
+        let e = cfg("67108864", "67108864").err().expect("refused");
+        assert!(e.to_string().contains("MAX_WS_MESSAGE_BYTES"), "{e}");
     }
 }

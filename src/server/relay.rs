@@ -113,6 +113,20 @@ pub fn relay_inspected(
 pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Caller) -> bool {
     let started = Instant::now();
     let keep = req.keep_alive;
+    let headers = forwarded_headers(&req.headers, &caller);
+    let id = ctx.next_request_id();
+    let wire = wire_request_id(id);
+    let msg = Arc::new(RequestMessage {
+        request_id: wire.clone(),
+        model: job.model.clone(),
+        endpoint_path: job.endpoint_path,
+        is_streaming: job.stream,
+        body: Arc::from(job.body),
+        headers,
+    });
+    if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
+        return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
+    }
     let rate = match ctx.gate.admit(&caller, started) {
         Ok(rate) => rate,
         Err(e) => return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller)),
@@ -123,25 +137,14 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         && req
             .header("x-queue-updates")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let headers = forwarded_headers(&req.headers, &caller);
-    let id = ctx.next_request_id();
-    let wire = wire_request_id(id);
-    let needs = crate::server::body::needs(&job.endpoint_path, &job.body);
+    let needs = crate::server::body::needs(&msg.endpoint_path, &msg.body);
     let session = req.header("x-session-id");
     let prints = fingerprint::for_request(
         ctx.cfg.dispatch.affinity,
-        &job.endpoint_path,
-        &job.body,
+        &msg.endpoint_path,
+        &msg.body,
         session,
     );
-    let msg = Arc::new(RequestMessage {
-        request_id: wire.clone(),
-        model: job.model.clone(),
-        endpoint_path: job.endpoint_path,
-        is_streaming: job.stream,
-        body: Arc::from(job.body),
-        headers,
-    });
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
     let who = caller.who.clone();
@@ -184,6 +187,27 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         return session.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new());
     }
     session.wait(events)
+}
+
+/// Refuses with `413` a request whose `request` message would exceed what a worker
+/// accepts (`MAX_WS_MESSAGE_BYTES`). The body is forwarded as the client sent it (never
+/// re-serialised: the backend must see the client's bytes), so it is the *escaped* size
+/// that counts: a body of newlines doubles, of control bytes grows sixfold, and a message
+/// over a worker's limit would cost that worker its connection and everything on it.
+fn fits_one_message(msg: &RequestMessage, max: usize) -> Result<(), ApiError> {
+    let len = msg.wire_len();
+    if len <= max {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        413,
+        "request_too_large",
+        format!(
+            "request body is {len} bytes once escaped for a worker, over the {max}-byte \
+             message limit (MAX_WS_MESSAGE_BYTES); newlines and control characters in the \
+             body count twice or six times"
+        ),
+    ))
 }
 
 /// The client headers that travel to the backend, minus the relay's own key; the

@@ -47,6 +47,7 @@ fn reject_code(status: u16) -> &'static str {
         413 => "request_too_large",
         431 => "headers_too_large",
         408 => "request_timeout",
+        501 => "not_implemented",
         _ => "bad_request",
     }
 }
