@@ -8,8 +8,12 @@ mod common;
 #[path = "../examples/support/fake_backend.rs"]
 mod fake_backend;
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
 use common::procs::{start_worker, Proc, ServerProc};
-use common::{post, request, FakeWorker, ADMIN_TOKEN};
+use common::{post, read_head, request, send_request, wait_until, FakeWorker, ADMIN_TOKEN, WAIT};
 use fake_backend::FakeBackend;
 use serde_json::json;
 
@@ -178,4 +182,99 @@ fn client_chosen_model_names_are_bounded_in_memory_metrics_and_logs() {
     let log = server.proc.log();
     assert!(!log.lines().any(|l| l.starts_with("forged-line")), "{log}");
     assert!(log.contains("model=typo-7\\nforged-line 7"), "{log}");
+}
+
+/// Opens a request whose body the server reserved (it said `100 Continue`) but that
+/// never arrives.
+fn held_body(server: &ServerProc, len: usize) -> TcpStream {
+    let mut s = TcpStream::connect(server.addr).expect("connect");
+    s.set_read_timeout(Some(WAIT)).ok();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {len}\r\n\
+         expect: 100-continue\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("head");
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .expect("interim answer");
+    assert!(line.starts_with("HTTP/1.1 100"), "{line}");
+    s
+}
+
+#[test]
+fn bodies_past_the_global_budget_get_503_at_once_and_the_budget_comes_back() {
+    let server = ServerProc::start(&[
+        ("MAX_REQUEST_BODY_BYTES", "1048576"),
+        ("MAX_BUFFERED_BODY_BYTES", "2097152"),
+        ("QUEUE_TIMEOUT_SECS", "1"),
+    ]);
+    let first = held_body(&server, 1 << 20);
+    let _second = held_body(&server, 1 << 20);
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        &common::chat("m", false),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["code"],
+        "bodies_over_budget",
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("MAX_BUFFERED_BODY_BYTES"));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // A client that gives up gives its share back.
+    drop(first);
+    wait_until("the budget to come back", || {
+        let r = post(
+            server.addr,
+            "/v1/chat/completions",
+            &common::chat("m", false),
+        );
+        let refused = r.text().contains("bodies_over_budget");
+        (!refused, format!("{} {}", r.status, r.text()))
+    });
+}
+
+#[test]
+fn a_client_that_stops_reading_is_cancelled_end_to_end() {
+    let server = ServerProc::start(&[("WRITE_TIMEOUT_SECS", "1")]);
+    let addr = FakeBackend::new("m", "ok")
+        .spawn("127.0.0.1:0")
+        .expect("backend");
+    let workers = pool(&server, addr, 1, &[]);
+    let body = json!({"model": "m", "stream": true, "scenario": "flood",
+        "messages": [{"role": "user", "content": "hi"}]});
+    let stalled = send_request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+        &[],
+    );
+    let (status, _) = read_head(&mut BufReader::new(&stalled));
+    assert_eq!(status, 200);
+    // The client reads nothing more; the backend keeps writing until it is cut off,
+    // and the worker closes its backend connection.
+    let began = Instant::now();
+    workers[0].wait_line("cancelled; backend connection closed");
+    let line = server.proc.wait_line("outcome=client_too_slow");
+    println!(
+        "stalled reader: cancelled on the worker after {:?}, server RSS {} kB",
+        began.elapsed(),
+        server.proc.rss_kb()
+    );
+    assert!(line.contains("status=200"), "{line}");
+    assert_eq!(
+        post(
+            server.addr,
+            "/v1/chat/completions",
+            &common::chat("m", false)
+        )
+        .status,
+        200
+    );
+    drop(stalled);
 }

@@ -169,6 +169,8 @@ enum Scenario {
     /// One line that never ends: 64 KiB pieces of `x` (after `data: ` when streaming)
     /// until the client closes.
     Endless,
+    /// Whole 16 KiB events as fast as the reader takes them, until the client closes.
+    Flood,
 }
 
 /// The piece size of the `split-events` scenario.
@@ -193,6 +195,7 @@ fn scenario(body: &str) -> Scenario {
         "close-after" => Scenario::CloseAfter,
         "split-events" => Scenario::SplitEvents,
         "endless" => Scenario::Endless,
+        "flood" => Scenario::Flood,
         _ => Scenario::Normal,
     }
 }
@@ -511,6 +514,15 @@ impl FakeBackend {
                     while ok {
                         ok = write_chunk(out, &piece).is_ok();
                     }
+                    self.observe(Observed::ClientClosed(began.elapsed()));
+                }
+                false
+            }
+            Scenario::Flood => {
+                let began = Instant::now();
+                if start_stream(out) {
+                    let event = format!("data: {{\"x\":\"{}\"}}\n\n", "x".repeat(16 * 1024));
+                    while write_chunk(out, event.as_bytes()).is_ok() {}
                     self.observe(Observed::ClientClosed(began.elapsed()));
                 }
                 false

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::dispatcher;
-use super::http::request::Limits;
+use super::http::budget::BodyBudget;
+use super::http::request::{Limits, DEFAULT_BODY_BUDGET};
 use super::lifecycle::governance;
 use super::tenancy::policy::Policy;
 use crate::cli::{ConfigError, Opt, Settings};
@@ -77,6 +78,18 @@ pub const OPTIONS: &[Opt] = &[
         env: "MAX_CONNECTIONS",
         default: Some("4096"),
         help: "open connections beyond which new ones get 503",
+    },
+    Opt {
+        flag: "max-buffered-body-bytes",
+        env: "MAX_BUFFERED_BODY_BYTES",
+        default: Some("536870912"),
+        help: "request bodies held in memory at once, all connections together (503 beyond)",
+    },
+    Opt {
+        flag: "write-timeout-secs",
+        env: "WRITE_TIMEOUT_SECS",
+        default: Some("30"),
+        help: "how long a client may stop reading an answer before it is cancelled (0: never)",
     },
     Opt {
         flag: "max-models-per-worker",
@@ -289,9 +302,16 @@ impl ServerConfig {
         }
         let limits = Limits {
             max_body_bytes: s.number("max-request-body-bytes", 32 << 20)?,
+            body_budget: BodyBudget::new(s.number("max-buffered-body-bytes", DEFAULT_BODY_BUDGET)?),
             idle_timeout: s.secs("idle-timeout-secs", 75)?,
+            write_timeout: s.secs("write-timeout-secs", 30)?,
             ..Limits::default()
         };
+        if limits.body_budget.max() < limits.max_body_bytes {
+            return Err(ConfigError(
+                "MAX_BUFFERED_BODY_BYTES must be at least MAX_REQUEST_BODY_BYTES".into(),
+            ));
+        }
         let max_ws_message_bytes = s.number("max-ws-message-bytes", 64 << 20)?;
         fits_one_message(limits.max_body_bytes, max_ws_message_bytes)?;
         let secret = s.required("worker-secret", "WORKER_SECRET")?;

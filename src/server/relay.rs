@@ -32,9 +32,11 @@ use super::tenancy::identity::Caller;
 use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
 use boundary::{EventBoundary, Format};
+use bounds::{fits_one_message, is_timeout, MAX_ANSWER_BUFFER};
 pub use record::{record, Record};
 
 pub(crate) mod boundary;
+mod bounds;
 mod record;
 
 /// How often a waiting connection checks whether its client is still there.
@@ -189,27 +191,6 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
     session.wait(events)
 }
 
-/// Refuses with `413` a request whose `request` message would exceed what a worker
-/// accepts (`MAX_WS_MESSAGE_BYTES`). The body is forwarded as the client sent it (never
-/// re-serialised: the backend must see the client's bytes), so it is the *escaped* size
-/// that counts: a body of newlines doubles, of control bytes grows sixfold, and a message
-/// over a worker's limit would cost that worker its connection and everything on it.
-fn fits_one_message(msg: &RequestMessage, max: usize) -> Result<(), ApiError> {
-    let len = msg.wire_len();
-    if len <= max {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        413,
-        "request_too_large",
-        format!(
-            "request body is {len} bytes once escaped for a worker, over the {max}-byte \
-             message limit (MAX_WS_MESSAGE_BYTES); newlines and control characters in the \
-             body count twice or six times"
-        ),
-    ))
-}
-
 /// The client headers that travel to the backend, minus the relay's own key; the
 /// resolved tenant and priority go along when the caller named them or holds a key.
 pub fn forwarded_headers(all: &[(String, String)], caller: &Caller) -> HeaderMap {
@@ -299,14 +280,30 @@ impl Session<'_, '_> {
             if let Some(event) = last {
                 return self.finish_with(event, buf);
             }
-            if !buf.is_empty() && self.conn.stream.write_all(&buf).is_err() {
-                return self.client_gone();
+            if buf.len() > MAX_ANSWER_BUFFER {
+                debug!(
+                    "request {}: {} bytes waiting for a client that does not read",
+                    self.wire,
+                    buf.len()
+                );
+                return self.cancel("client_too_slow");
+            }
+            match self.conn.stream.write_all(&buf) {
+                Ok(()) => {}
+                Err(e) if is_timeout(&e) => return self.cancel("client_too_slow"),
+                Err(_) => return self.client_gone(),
             }
         }
     }
 
     fn client_gone(&mut self) -> bool {
         debug!("request {}: client hung up", self.wire);
+        self.cancel("client_disconnect")
+    }
+
+    /// Ends a request whose client is gone or does not read: the dispatcher cancels it
+    /// on the worker, which cancels it on the backend.
+    fn cancel(&mut self, outcome: &str) -> bool {
         let _ = self
             .ctx
             .inputs
@@ -314,7 +311,7 @@ impl Session<'_, '_> {
         if self.status == 0 {
             self.status = 499;
         }
-        self.record("client_disconnect");
+        self.record(outcome);
         false
     }
 

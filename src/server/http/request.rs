@@ -9,18 +9,29 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-use crate::net::Stream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::budget::{BodyBudget, BodyHold};
+use crate::net::Stream;
+
+/// Bytes of request bodies held at once by default (`MAX_BUFFERED_BODY_BYTES`): sixteen
+/// bodies of the largest size.
+pub const DEFAULT_BODY_BUDGET: usize = 512 << 20;
 
 /// Size and time limits for reading requests.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_header_bytes: usize,
     pub max_body_bytes: usize,
+    /// Shared by every connection: bytes of bodies in memory at once.
+    pub body_budget: Arc<BodyBudget>,
     /// How long a keep-alive connection may sit idle before the next request.
     pub idle_timeout: Duration,
     /// How long one read may block, and the whole head may take, once a request began.
     pub io_timeout: Duration,
+    /// How long a client may stop reading an answer (zero: no limit).
+    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -28,8 +39,10 @@ impl Default for Limits {
         Limits {
             max_header_bytes: 64 * 1024,
             max_body_bytes: 32 * 1024 * 1024,
+            body_budget: BodyBudget::new(DEFAULT_BODY_BUDGET),
             idle_timeout: Duration::from_secs(75),
             io_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -42,6 +55,9 @@ pub struct Request {
     pub query: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The body's share of [`Limits::body_budget`], given back when the request (and
+    /// every clone) is dropped.
+    pub hold: Option<Arc<BodyHold>>,
     pub keep_alive: bool,
     pub http10: bool,
 }
@@ -158,6 +174,14 @@ impl Conn {
                 return Err(too_large(limits));
             }
         }
+        let reserve = match body_kind {
+            BodyKind::Length(n) => n,
+            BodyKind::Chunked => 0,
+        };
+        let mut hold = limits
+            .body_budget
+            .take(reserve)
+            .ok_or_else(|| over_budget(limits))?;
         if body_kind != BodyKind::Length(0)
             && req
                 .header("expect")
@@ -172,8 +196,9 @@ impl Conn {
                 let deadline = body_deadline(Instant::now(), n, limits.io_timeout);
                 self.read_exact_body(n, limits.io_timeout, deadline)?
             }
-            BodyKind::Chunked => self.read_chunked_body(limits)?,
+            BodyKind::Chunked => self.read_chunked_body(limits, &mut hold)?,
         };
+        req.hold = Some(Arc::new(hold));
         Ok(req)
     }
 
@@ -269,7 +294,11 @@ impl Conn {
         }
     }
 
-    fn read_chunked_body(&mut self, limits: &Limits) -> Result<Vec<u8>, ReadError> {
+    fn read_chunked_body(
+        &mut self,
+        limits: &Limits,
+        hold: &mut BodyHold,
+    ) -> Result<Vec<u8>, ReadError> {
         let started = Instant::now();
         let mut body = Vec::new();
         loop {
@@ -285,6 +314,9 @@ impl Conn {
             // Compared without adding: a size near usize::MAX must not wrap past the limit.
             if size > limits.max_body_bytes.saturating_sub(body.len()) {
                 return Err(too_large(limits));
+            }
+            if !hold.grow(size) {
+                return Err(over_budget(limits));
             }
             let deadline = body_deadline(started, body.len() + size, limits.io_timeout);
             let mut chunk = self.read_exact_body(size + 2, limits.io_timeout, deadline)?;
@@ -324,6 +356,17 @@ fn too_large(limits: &Limits) -> ReadError {
     ReadError::Reject(
         413,
         format!("request body exceeds {} bytes", limits.max_body_bytes),
+    )
+}
+
+fn over_budget(limits: &Limits) -> ReadError {
+    ReadError::Reject(
+        503,
+        format!(
+            "the server is receiving {} bytes of request bodies already \
+             (MAX_BUFFERED_BODY_BYTES); retry shortly",
+            limits.body_budget.max()
+        ),
     )
 }
 
@@ -380,64 +423,18 @@ pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
     } else {
         !connection.contains("close")
     };
-    let kind = body_kind(&headers, http10)?;
+    let kind = super::framing::body_kind(&headers, http10)?;
     let req = Request {
         method,
         path: path.to_string(),
         query: query.to_string(),
         headers,
         body: Vec::new(),
+        hold: None,
         keep_alive,
         http10,
     };
     Ok(Some((req, kind, used)))
-}
-
-/// How the body is framed, as RFC 9112 §6 asks: `Transfer-Encoding` must end in exactly one
-/// `chunked` (the only coding we decode; others get 501, `chunked` not last gets 400),
-/// and must not come with `Content-Length` or in HTTP/1.0; `Content-Length` must be one
-/// field of digits only (no sign, no list, no repeat). Ambiguous framing is how requests
-/// are smuggled past a proxy in front of us, so it is refused, never guessed.
-fn body_kind(headers: &[(String, String)], http10: bool) -> Result<BodyKind, ReadError> {
-    let bad = |m: &str| ReadError::Reject(400, m.to_string());
-    let codings: Vec<String> = headers
-        .iter()
-        .filter(|(n, _)| n == "transfer-encoding")
-        .flat_map(|(_, v)| v.split(','))
-        .map(|c| c.trim().to_ascii_lowercase())
-        .collect();
-    let lengths: Vec<&str> = headers
-        .iter()
-        .filter(|(n, _)| n == "content-length")
-        .map(|(_, v)| v.as_str())
-        .collect();
-    if let Some((last, before)) = codings.split_last() {
-        if http10 {
-            return Err(bad("Transfer-Encoding is not allowed in HTTP/1.0"));
-        }
-        if !lengths.is_empty() {
-            return Err(bad("both Transfer-Encoding and Content-Length"));
-        }
-        if last != "chunked" || before.iter().any(|c| c == "chunked") {
-            return Err(bad("Transfer-Encoding must end in one chunked"));
-        }
-        if !before.is_empty() {
-            return Err(ReadError::Reject(
-                501,
-                "only the chunked transfer coding is supported".into(),
-            ));
-        }
-        return Ok(BodyKind::Chunked);
-    }
-    match lengths.as_slice() {
-        [] => Ok(BodyKind::Length(0)),
-        [v] if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v
-            .parse()
-            .map(BodyKind::Length)
-            .map_err(|_| bad("invalid Content-Length")),
-        [_] => Err(bad("invalid Content-Length")),
-        _ => Err(bad("duplicate Content-Length")),
-    }
 }
 
 /// Decodes `%XX` escapes and `+` (form encoding) in a query or form value.
@@ -524,80 +521,6 @@ mod tests {
         match conn.read_request(&Limits::default()) {
             Err(ReadError::Reject(413, _)) => {}
             other => panic!("expected 413, got {other:?}"),
-        }
-    }
-
-    fn status_of(raw: &[u8]) -> Result<BodyKind, u16> {
-        match parse_head(raw) {
-            Ok(Some((_, kind, _))) => Ok(kind),
-            Err(ReadError::Reject(status, _)) => Err(status),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-
-    #[test]
-    fn signed_listed_or_repeated_content_length_is_400() {
-        for raw in [
-            &b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n"[..],
-            b"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
-        ] {
-            assert_eq!(status_of(raw), Err(400), "{}", String::from_utf8_lossy(raw));
-        }
-        assert_eq!(
-            status_of(b"POST / HTTP/1.1\r\nContent-Length: 05\r\n\r\n"),
-            Ok(BodyKind::Length(5))
-        );
-    }
-
-    #[test]
-    fn transfer_encoding_must_be_exactly_chunked_last() {
-        for (raw, want) in [
-            (
-                &b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
-                Ok(BodyKind::Chunked),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: Chunked \r\n\r\n",
-                Ok(BodyKind::Chunked),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
-                Err(400),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
-                Err(400),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
-                Err(400),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-                Err(501),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Err(501),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
-                Err(400),
-            ),
-            (
-                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                Err(400),
-            ),
-            (
-                b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Err(400),
-            ),
-        ] {
-            assert_eq!(status_of(raw), want, "{}", String::from_utf8_lossy(raw));
         }
     }
 
