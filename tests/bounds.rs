@@ -278,3 +278,21 @@ fn a_client_that_stops_reading_is_cancelled_end_to_end() {
     );
     drop(stalled);
 }
+
+#[test]
+fn ambiguous_framing_is_refused_over_the_socket() {
+    let server = ServerProc::start(&[]);
+    let send = |framing: &str| {
+        let mut s = TcpStream::connect(server.addr).expect("connect");
+        s.set_read_timeout(Some(WAIT)).ok();
+        let raw =
+            format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n{framing}\r\n\r\nhello");
+        s.write_all(raw.as_bytes()).expect("request");
+        read_head(&mut BufReader::new(&s)).0
+    };
+    assert_eq!(send("content-length: +5"), 400);
+    assert_eq!(send("content-length: 5\r\ncontent-length: 5"), 400);
+    assert_eq!(send("transfer-encoding: xchunked"), 400);
+    assert_eq!(send("transfer-encoding: chunked\r\ncontent-length: 5"), 400);
+    assert_eq!(send("transfer-encoding: gzip, chunked"), 501);
+}

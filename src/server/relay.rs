@@ -32,7 +32,7 @@ use super::tenancy::identity::Caller;
 use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
 use boundary::{EventBoundary, Format};
-use bounds::{fits_one_message, is_timeout, MAX_ANSWER_BUFFER};
+use bounds::{fits_one_message, is_timeout, MAX_ANSWER_BUFFER, SLOW_WRITE};
 pub use record::{record, Record};
 
 pub(crate) mod boundary;
@@ -175,6 +175,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         first_chunk: None,
         status: 0,
         tokens: (0, 0),
+        client_lags: false,
     };
     let submit = Input::Submit {
         id,
@@ -233,6 +234,9 @@ struct Session<'a, 'r> {
     first_chunk: Option<Duration>,
     status: u16,
     tokens: (u64, u64),
+    /// The last write waited on the client ([`SLOW_WRITE`]): what piles up meanwhile is
+    /// the client's doing, and bounded by [`MAX_ANSWER_BUFFER`].
+    client_lags: bool,
 }
 
 impl Session<'_, '_> {
@@ -280,7 +284,7 @@ impl Session<'_, '_> {
             if let Some(event) = last {
                 return self.finish_with(event, buf);
             }
-            if buf.len() > MAX_ANSWER_BUFFER {
+            if buf.len() > MAX_ANSWER_BUFFER && self.client_lags {
                 debug!(
                     "request {}: {} bytes waiting for a client that does not read",
                     self.wire,
@@ -288,8 +292,9 @@ impl Session<'_, '_> {
                 );
                 return self.cancel("client_too_slow");
             }
+            let began = Instant::now();
             match self.conn.stream.write_all(&buf) {
-                Ok(()) => {}
+                Ok(()) => self.client_lags = began.elapsed() >= SLOW_WRITE,
                 Err(e) if is_timeout(&e) => return self.cancel("client_too_slow"),
                 Err(_) => return self.client_gone(),
             }

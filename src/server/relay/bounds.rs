@@ -10,6 +10,11 @@ use crate::server::errors::ApiError;
 /// most what the worker sends during that one write.
 pub const MAX_ANSWER_BUFFER: usize = 8 << 20;
 
+/// A write that took this long waited on the client, not on the relay: only then does
+/// a full [`MAX_ANSWER_BUFFER`] count against the client. A client that reads as fast as
+/// it can is never cut off because the backend is faster still.
+pub const SLOW_WRITE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Refuses with `413` a request whose `request` message would exceed what a worker
 /// accepts (`MAX_WS_MESSAGE_BYTES`). The body is forwarded as the client sent it (never
 /// re-serialised: the backend must see the client's bytes), so it is the *escaped* size
