@@ -439,7 +439,7 @@ mod tests {
             ServerConfig::from_settings(&Settings::from_pairs(&pairs))
         };
         assert!(cfg("33554432", "67108864").is_ok());
-        let e = cfg("67108864", "67108864").err().expect("refused");
+        let e = cfg("67108864", "67108864").expect_err("refused");
         assert!(e.to_string().contains("MAX_WS_MESSAGE_BYTES"), "{e}");
     }
 }
