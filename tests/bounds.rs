@@ -27,6 +27,16 @@ fn sessions_dropped(server: &ServerProc) -> usize {
         .count()
 }
 
+/// The relay still answers an ordinary request.
+fn assert_answers(server: &ServerProc) {
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        &common::chat("m", false),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 fn pool(
     server: &ServerProc,
     backend: std::net::SocketAddr,
@@ -71,15 +81,7 @@ fn a_body_of_newlines_over_the_message_limit_once_escaped_is_413_and_no_worker_d
     assert_eq!(dropped, 0, "server log:\n{}", server.proc.log());
     assert_eq!(server.health()["workers_connected"], 3);
     // The pool still answers.
-    assert_eq!(
-        post(
-            server.addr,
-            "/v1/chat/completions",
-            &common::chat("m", false)
-        )
-        .status,
-        200
-    );
+    assert_answers(&server);
 }
 
 #[test]
@@ -267,15 +269,7 @@ fn a_client_that_stops_reading_is_cancelled_end_to_end() {
         server.proc.rss_kb()
     );
     assert!(line.contains("status=200"), "{line}");
-    assert_eq!(
-        post(
-            server.addr,
-            "/v1/chat/completions",
-            &common::chat("m", false)
-        )
-        .status,
-        200
-    );
+    assert_answers(&server);
     drop(stalled);
 }
 
