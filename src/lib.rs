@@ -11,6 +11,7 @@
 //! | [`protocol`] | the JSON messages on the worker WebSocket (protocol v1) |
 //! | [`net`] | one connection, plain or TLS, cloneable into reader and writer handles |
 //! | [`ws`] | WebSocket reader/writer split shared by both binaries |
+//! | [`clock`] | deadlines that saturate instead of overflowing |
 //! | [`cli`] | option tables: flags, environment variables, `--help` |
 //! | [`signals`] | stop and reload requests: Unix signals, the Windows console's Ctrl-C |
 //! | [`rfc3339`] | UTC timestamps as text and back (no calendar crate) |
@@ -21,6 +22,7 @@
 //! alone owns the queue and the registry.
 
 pub mod cli;
+pub mod clock;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod net;

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub mod lifecycle;
+pub mod size;
 use lifecycle::{ModelOperation, OperationKind, OperationState, OperationStatus, WorkerStatus};
 
 /// Protocol version string of this implementation.

@@ -148,6 +148,9 @@ enum Scenario {
     SplitUtf8,
     /// A non-streaming body of this many bytes.
     Big(usize),
+    /// A non-streaming `text/plain` body of this many control bytes (0x01): six times
+    /// its size once escaped into a JSON string.
+    Control(usize),
     /// Stream one event, then wait for the client to close.
     Hang,
     /// Stream an event every 20 ms until the client closes.
@@ -166,6 +169,8 @@ enum Scenario {
     /// One line that never ends: 64 KiB pieces of `x` (after `data: ` when streaming)
     /// until the client closes.
     Endless,
+    /// Whole 16 KiB events as fast as the reader takes them, until the client closes.
+    Flood,
 }
 
 /// The piece size of the `split-events` scenario.
@@ -182,6 +187,7 @@ fn scenario(body: &str) -> Scenario {
         "status" => Scenario::Status(arg.parse().unwrap_or(500)),
         "split-utf8" => Scenario::SplitUtf8,
         "big" => Scenario::Big(arg.parse().unwrap_or(1 << 20)),
+        "control" => Scenario::Control(arg.parse().unwrap_or(1 << 20)),
         "hang" => Scenario::Hang,
         "drip" => Scenario::Drip,
         "delay" => Scenario::Delay(arg.parse().unwrap_or(100)),
@@ -189,6 +195,7 @@ fn scenario(body: &str) -> Scenario {
         "close-after" => Scenario::CloseAfter,
         "split-events" => Scenario::SplitEvents,
         "endless" => Scenario::Endless,
+        "flood" => Scenario::Flood,
         _ => Scenario::Normal,
     }
 }
@@ -452,6 +459,7 @@ impl FakeBackend {
                 big.push_str("\"}");
                 respond(out, 200, "application/json", big.as_bytes())
             }
+            Scenario::Control(n) => respond(out, 200, "text/plain", &vec![1u8; n]),
             Scenario::SplitUtf8 => {
                 let text = "data: {\"content\":\"héllo wörld 🌍 ok\"}\n\n".as_bytes();
                 if !start_stream(out) {
@@ -506,6 +514,15 @@ impl FakeBackend {
                     while ok {
                         ok = write_chunk(out, &piece).is_ok();
                     }
+                    self.observe(Observed::ClientClosed(began.elapsed()));
+                }
+                false
+            }
+            Scenario::Flood => {
+                let began = Instant::now();
+                if start_stream(out) {
+                    let event = format!("data: {{\"x\":\"{}\"}}\n\n", "x".repeat(16 * 1024));
+                    while write_chunk(out, event.as_bytes()).is_ok() {}
                     self.observe(Observed::ClientClosed(began.elapsed()));
                 }
                 false

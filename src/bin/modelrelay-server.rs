@@ -1,6 +1,6 @@
 //! `modelrelay-server` entry point: configuration, signals, exit codes.
 //! Exit status: 0 after a clean shutdown, 1 when the listener cannot start, 2 on bad
-//! configuration. `modelrelay-server sign-op-token ...` mints a governance token instead
+//! configuration, 3 when the dispatcher thread died (a bug: a supervisor should restart). `modelrelay-server sign-op-token ...` mints a governance token instead
 //! (see `server::lifecycle::governance::mint`).
 
 use std::process::ExitCode;
@@ -41,8 +41,11 @@ fn main() -> ExitCode {
     if let Err(e) = signals::install(stop, Some(Box::new(move || reload.reload_tls()))) {
         log::warn!("cannot install signal handlers: {e}");
     }
-    server.wait();
-    ExitCode::SUCCESS
+    if server.wait() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    }
 }
 
 /// `modelrelay-server sign-op-token ...`: prints a signed token (or its help).

@@ -107,6 +107,7 @@ pub fn http_request(data: &[u8]) {
         max_body_bytes: HTTP_LIMITS.1,
         idle_timeout: Duration::from_millis(50),
         io_timeout: Duration::from_millis(50),
+        ..Limits::default()
     };
     let peer = SocketAddr::from(([127, 0, 0, 1], 9));
     let mut conn = Conn::with_buffered(crate::net::Stream::plain(sock), peer, data.to_vec());

@@ -31,6 +31,11 @@ pub struct BodyInfo {
     pub stream: bool,
 }
 
+/// The longest `model` a client may name. Real names (`org/repo-GGUF:Q4_K_M`) are far
+/// shorter; the name travels into logs, error messages and the dashboard, so a
+/// megabyte-long one is refused before anything keeps it.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
 /// Reads `model` and `stream` from a JSON body; the body itself is never rewritten.
 pub fn inspect_body(body: &[u8]) -> Result<BodyInfo, ApiError> {
     #[derive(Deserialize)]
@@ -46,6 +51,9 @@ pub fn inspect_body(body: &[u8]) -> Result<BodyInfo, ApiError> {
         )
     })?;
     let model = match probe.model {
+        Some(serde_json::Value::String(m)) if m.len() > MAX_MODEL_NAME_BYTES => {
+            return Err(model_too_long())
+        }
         Some(serde_json::Value::String(m)) if !m.trim().is_empty() => m,
         Some(_) => {
             return Err(ApiError::new(
@@ -64,6 +72,15 @@ pub fn inspect_body(body: &[u8]) -> Result<BodyInfo, ApiError> {
     };
     let stream = matches!(probe.stream, Some(serde_json::Value::Bool(true)));
     Ok(BodyInfo { model, stream })
+}
+
+/// The refusal of a `model` longer than [`MAX_MODEL_NAME_BYTES`].
+pub fn model_too_long() -> ApiError {
+    ApiError::new(
+        400,
+        "invalid_model",
+        format!("`model` is longer than {MAX_MODEL_NAME_BYTES} bytes"),
+    )
 }
 
 /// What a request needs its model to do: embeddings for `/v1/embeddings`, vision when
@@ -151,6 +168,11 @@ mod tests {
             "invalid_model"
         );
         assert_eq!(inspect_body(br#"[1,2]"#).unwrap_err().status, 400);
+        let long = format!(r#"{{"model":"{}"}}"#, "m".repeat(MAX_MODEL_NAME_BYTES + 1));
+        assert_eq!(
+            inspect_body(long.as_bytes()).unwrap_err().code,
+            "invalid_model"
+        );
     }
 
     #[test]

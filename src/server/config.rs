@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::client_ip::TrustedProxies;
 use super::dispatcher;
-use super::http::request::Limits;
+use super::http::budget::BodyBudget;
+use super::http::request::{Limits, DEFAULT_BODY_BUDGET};
 use super::lifecycle::governance;
 use super::origin::AllowedOrigins;
 use super::tenancy::policy::Policy;
@@ -79,6 +80,18 @@ pub const OPTIONS: &[Opt] = &[
         env: "MAX_CONNECTIONS",
         default: Some("4096"),
         help: "open connections beyond which new ones get 503",
+    },
+    Opt {
+        flag: "max-buffered-body-bytes",
+        env: "MAX_BUFFERED_BODY_BYTES",
+        default: Some("536870912"),
+        help: "request bodies held in memory at once, all connections together (503 beyond)",
+    },
+    Opt {
+        flag: "write-timeout-secs",
+        env: "WRITE_TIMEOUT_SECS",
+        default: Some("30"),
+        help: "how long a client may stop reading an answer before it is cancelled (0: never)",
     },
     Opt {
         flag: "max-models-per-worker",
@@ -307,9 +320,18 @@ impl ServerConfig {
         }
         let limits = Limits {
             max_body_bytes: s.number("max-request-body-bytes", 32 << 20)?,
+            body_budget: BodyBudget::new(s.number("max-buffered-body-bytes", DEFAULT_BODY_BUDGET)?),
             idle_timeout: s.secs("idle-timeout-secs", 75)?,
+            write_timeout: s.secs("write-timeout-secs", 30)?,
             ..Limits::default()
         };
+        if limits.body_budget.max() < limits.max_body_bytes {
+            return Err(ConfigError(
+                "MAX_BUFFERED_BODY_BYTES must be at least MAX_REQUEST_BODY_BYTES".into(),
+            ));
+        }
+        let max_ws_message_bytes = s.number("max-ws-message-bytes", 64 << 20)?;
+        fits_one_message(limits.max_body_bytes, max_ws_message_bytes)?;
         let secret = s.required("worker-secret", "WORKER_SECRET")?;
         Ok(ServerConfig {
             listen_addr: s.string("listen-addr", "127.0.0.1:8080"),
@@ -317,7 +339,7 @@ impl ServerConfig {
             worker_secret: secret,
             dispatch,
             limits,
-            max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
+            max_ws_message_bytes,
             max_connections: s.number("max-connections", 4096)?,
             drain_timeout: s.secs("drain-timeout-secs", 30)?,
             admin_token: s.get("admin-token").map(str::to_string),
@@ -373,6 +395,19 @@ impl std::fmt::Debug for ServerConfig {
             .field("allowed_origins", &self.allowed_origins)
             .finish()
     }
+}
+
+/// A request body travels to a worker inside one WebSocket message, escaped. Refuses a
+/// configuration where even a body with nothing to escape would not fit (with a MiB for
+/// headers and envelope); bodies that fit raw but not escaped get a `413` each.
+fn fits_one_message(max_body: usize, max_message: usize) -> Result<(), ConfigError> {
+    if max_body.saturating_add(1 << 20) <= max_message {
+        return Ok(());
+    }
+    Err(ConfigError(format!(
+        "MAX_REQUEST_BODY_BYTES ({max_body}) plus 1 MiB for headers must fit in \
+         MAX_WS_MESSAGE_BYTES ({max_message}): a body is sent to a worker in one message"
+    )))
 }
 
 fn governance_config(s: &Settings) -> Result<governance::Config, ConfigError> {
@@ -454,5 +489,20 @@ mod tests {
         let shown = format!("{cfg:?} {cfg:#?}");
         assert!(!shown.contains("sekrit"), "{shown}");
         assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn a_body_limit_that_cannot_fit_one_worker_message_is_refused() {
+        let cfg = |body: &str, ws: &str| {
+            let pairs = [
+                ("worker-secret", "s"),
+                ("max-request-body-bytes", body),
+                ("max-ws-message-bytes", ws),
+            ];
+            ServerConfig::from_settings(&Settings::from_pairs(&pairs))
+        };
+        assert!(cfg("33554432", "67108864").is_ok());
+        let e = cfg("67108864", "67108864").expect_err("refused");
+        assert!(e.to_string().contains("MAX_WS_MESSAGE_BYTES"), "{e}");
     }
 }

@@ -94,7 +94,10 @@ pub struct HttpMetrics {
 }
 
 /// The label under which tenants beyond `METRICS_MAX_TENANTS` are counted.
-pub const OTHER_TENANT: &str = "other";
+pub const OTHER_TENANT: &str = OTHER;
+/// The label of what has no label of its own: tenants past the cap, models no worker
+/// advertises.
+pub const OTHER: &str = "other";
 /// Recent queue waits kept per tenant for percentiles.
 const RECENT_TENANT_WAITS: usize = 256;
 

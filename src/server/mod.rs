@@ -26,6 +26,7 @@ pub mod fingerprint;
 pub mod http;
 pub mod keys;
 pub mod lifecycle;
+pub mod logsafe;
 pub mod metrics;
 pub mod moe;
 pub mod ollama;
@@ -233,14 +234,21 @@ impl Server {
     }
 
     /// Blocks until shutdown completes, then gives responses in progress a moment to
-    /// reach their clients.
-    pub fn wait(self) {
-        let _ = self.dispatcher.join();
+    /// reach their clients. Returns `false` when the dispatcher thread died of a panic
+    /// instead: nothing can be routed any more, and the process must exit non-zero so a
+    /// supervisor (systemd `Restart=on-failure`) starts it again.
+    pub fn wait(self) -> bool {
+        let clean = self.dispatcher.join().is_ok();
+        if !clean {
+            error!("the dispatcher thread died; exiting so a supervisor can restart the server");
+            return false;
+        }
         let deadline = Instant::now() + Duration::from_secs(2);
         while self.ctx.shared.relays() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         self.ctx.usage.flush();
+        true
     }
 }
 

@@ -32,9 +32,11 @@ use super::tenancy::identity::Caller;
 use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
 use boundary::{EventBoundary, Format};
+use bounds::{fits_one_message, is_timeout, MAX_ANSWER_BUFFER, SLOW_WRITE};
 pub use record::{record, Record};
 
 pub(crate) mod boundary;
+mod bounds;
 mod record;
 
 /// How often a waiting connection checks whether its client is still there.
@@ -113,6 +115,20 @@ pub fn relay_inspected(
 pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Caller) -> bool {
     let started = Instant::now();
     let keep = req.keep_alive;
+    let headers = forwarded_headers(&req.headers, &caller);
+    let id = ctx.next_request_id();
+    let wire = wire_request_id(id);
+    let msg = Arc::new(RequestMessage {
+        request_id: wire.clone(),
+        model: job.model.clone(),
+        endpoint_path: job.endpoint_path,
+        is_streaming: job.stream,
+        body: Arc::from(job.body),
+        headers,
+    });
+    if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
+        return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
+    }
     let rate = match ctx.gate.admit(&caller, started) {
         Ok(rate) => rate,
         Err(e) => return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller)),
@@ -123,25 +139,14 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         && req
             .header("x-queue-updates")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let headers = forwarded_headers(&req.headers, &caller);
-    let id = ctx.next_request_id();
-    let wire = wire_request_id(id);
-    let needs = crate::server::body::needs(&job.endpoint_path, &job.body);
+    let needs = crate::server::body::needs(&msg.endpoint_path, &msg.body);
     let session = req.header("x-session-id");
     let prints = fingerprint::for_request(
         ctx.cfg.dispatch.affinity,
-        &job.endpoint_path,
-        &job.body,
+        &msg.endpoint_path,
+        &msg.body,
         session,
     );
-    let msg = Arc::new(RequestMessage {
-        request_id: wire.clone(),
-        model: job.model.clone(),
-        endpoint_path: job.endpoint_path,
-        is_streaming: job.stream,
-        body: Arc::from(job.body),
-        headers,
-    });
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
     let who = caller.who.clone();
@@ -170,6 +175,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         first_chunk: None,
         status: 0,
         tokens: (0, 0),
+        client_lags: false,
     };
     let submit = Input::Submit {
         id,
@@ -228,6 +234,9 @@ struct Session<'a, 'r> {
     first_chunk: Option<Duration>,
     status: u16,
     tokens: (u64, u64),
+    /// The last write waited on the client ([`SLOW_WRITE`]): what piles up meanwhile is
+    /// the client's doing, and bounded by [`MAX_ANSWER_BUFFER`].
+    client_lags: bool,
 }
 
 impl Session<'_, '_> {
@@ -275,14 +284,31 @@ impl Session<'_, '_> {
             if let Some(event) = last {
                 return self.finish_with(event, buf);
             }
-            if !buf.is_empty() && self.conn.stream.write_all(&buf).is_err() {
-                return self.client_gone();
+            if buf.len() > MAX_ANSWER_BUFFER && self.client_lags {
+                debug!(
+                    "request {}: {} bytes waiting for a client that does not read",
+                    self.wire,
+                    buf.len()
+                );
+                return self.cancel("client_too_slow");
+            }
+            let began = Instant::now();
+            match self.conn.stream.write_all(&buf) {
+                Ok(()) => self.client_lags = began.elapsed() >= SLOW_WRITE,
+                Err(e) if is_timeout(&e) => return self.cancel("client_too_slow"),
+                Err(_) => return self.client_gone(),
             }
         }
     }
 
     fn client_gone(&mut self) -> bool {
         debug!("request {}: client hung up", self.wire);
+        self.cancel("client_disconnect")
+    }
+
+    /// Ends a request whose client is gone or does not read: the dispatcher cancels it
+    /// on the worker, which cancels it on the backend.
+    fn cancel(&mut self, outcome: &str) -> bool {
         let _ = self
             .ctx
             .inputs
@@ -290,7 +316,7 @@ impl Session<'_, '_> {
         if self.status == 0 {
             self.status = 499;
         }
-        self.record("client_disconnect");
+        self.record(outcome);
         false
     }
 

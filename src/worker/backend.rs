@@ -87,7 +87,11 @@ pub struct Backend {
     /// `base` with its userinfo redacted: the form shown in errors and logs.
     shown: String,
     api_key: Option<String>,
+    /// The largest body read from a non-streamed answer.
     max_body: usize,
+    /// The largest WebSocket message the worker sends: an answer is checked by its size
+    /// once escaped (control bytes grow sixfold), not by its raw length.
+    max_message: usize,
 }
 
 /// Read and write buffers of a slot's backend connection. ureq's default is 128 KiB
@@ -112,14 +116,16 @@ pub fn fresh_agent() -> ureq::Agent {
 }
 
 impl Backend {
-    /// `max_body` caps a non-streamed answer (it travels in one WebSocket message).
-    pub fn new(base: &str, api_key: Option<String>, max_body: usize) -> Backend {
+    /// `max_message` caps a non-streamed answer (it travels in one WebSocket message);
+    /// half of it, less a MiB for the envelope, is read at most.
+    pub fn new(base: &str, api_key: Option<String>, max_message: usize) -> Backend {
         let base = base.trim_end_matches('/');
         Backend {
             base: base.to_string(),
             shown: url::redacted(base),
             api_key,
-            max_body,
+            max_body: max_message.saturating_sub(1 << 20) / 2,
+            max_message,
         }
     }
 
@@ -437,13 +443,18 @@ impl Backend {
         let body = String::from_utf8(bytes)
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
         let token_counts = usage_from_json(&body);
-        emit(WorkerMessage::ResponseComplete(ResponseComplete {
+        let done = ResponseComplete {
             request_id: req.request_id.clone(),
             status_code: status,
             headers,
             body: Some(body),
             token_counts,
-        }));
+        };
+        // Over the limit once escaped, the message would cost the whole session.
+        if done.wire_len() > self.max_message {
+            return Outcome::TooLarge(self.max_message);
+        }
+        emit(WorkerMessage::ResponseComplete(done));
         Outcome::Completed
     }
 }

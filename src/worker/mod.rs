@@ -110,13 +110,16 @@ impl Worker {
         let tls = tls_config(&cfg)?;
         let (control, control_rx) = crossbeam_channel::unbounded();
         let (drain_tx, drain_wait) = crossbeam_channel::bounded(0);
-        let max_body = cfg.max_ws_message_bytes.saturating_sub(1 << 20) / 2;
         let models = match &cfg.models {
             ModelSource::Fixed(list) => list.clone(),
             ModelSource::Backend => Vec::new(),
         };
         let shared = Arc::new(Shared {
-            backend: backend::Backend::new(&cfg.backend_url, cfg.backend_api_key.clone(), max_body),
+            backend: backend::Backend::new(
+                &cfg.backend_url,
+                cfg.backend_api_key.clone(),
+                cfg.max_ws_message_bytes,
+            ),
             health: health::Health::new(cfg.backend_probe_max),
             residency: backend_kind::Residency::new(cfg.backend_kind),
             inflight: inflight::InFlight::default(),
@@ -180,7 +183,10 @@ fn drain(shared: &Shared, timeout: Duration, why: &str) {
     if let Some(link) = &link {
         session::announce_drain(shared, link);
     }
-    if !shared.inflight.wait_idle(Instant::now() + timeout) {
+    if !shared
+        .inflight
+        .wait_idle(crate::clock::later(Instant::now(), timeout))
+    {
         warn!(
             "drain timeout reached; cancelling {} request(s)",
             shared.inflight.len()

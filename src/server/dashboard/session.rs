@@ -213,6 +213,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             body: Vec::new(),
+            hold: None,
             keep_alive: true,
             http10: false,
         }

@@ -36,7 +36,8 @@ impl Dispatcher {
             }
             self.after_slot_freed(id, now);
         }
-        self.timers.insert((now + timeout, Timer::Shutdown));
+        self.timers
+            .insert((crate::clock::later(now, timeout), Timer::Shutdown));
         self.maybe_finish_shutdown();
     }
 

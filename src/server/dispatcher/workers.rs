@@ -417,7 +417,8 @@ impl Dispatcher {
         };
         self.actions.push(Action::ToWorker(worker, msg));
         if let Some(t) = timeout {
-            self.timers.insert((now + t, Timer::WorkerDrain(worker)));
+            self.timers
+                .insert((crate::clock::later(now, t), Timer::WorkerDrain(worker)));
         }
         self.models_version += 1;
         self.after_slot_freed(worker, now);

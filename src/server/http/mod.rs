@@ -2,6 +2,8 @@
 //! [`request::Conn`] and handing each to the route table ([`super::api`]) through the
 //! browser guard ([`super::origin`]).
 
+pub mod budget;
+mod framing;
 pub mod request;
 pub mod response;
 
@@ -20,6 +22,9 @@ use request::{Conn, ReadError};
 /// Serves one client connection until it closes or is upgraded.
 pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
     let _ = stream.set_nodelay(true);
+    // Every answer on this connection: a client that stops reading frees its thread.
+    let write_timeout = Some(ctx.cfg.limits.write_timeout).filter(|t| !t.is_zero());
+    let _ = stream.set_write_timeout(write_timeout);
     let mut conn = Conn::new(stream, peer);
     loop {
         let req = match conn.read_request(&ctx.cfg.limits) {
@@ -30,7 +35,10 @@ pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
                 return;
             }
             Err(ReadError::Reject(status, message)) => {
-                let e = ApiError::new(status, reject_code(status), message);
+                let mut e = ApiError::new(status, reject_code(status), message);
+                if status == 503 {
+                    e.retry_after = Some(1);
+                }
                 conn.request_id = Some(wire_request_id(ctx.next_request_id()));
                 write_error(&mut conn, Style::OpenAi, &e, false, None);
                 return;
@@ -49,6 +57,8 @@ fn reject_code(status: u16) -> &'static str {
         413 => "request_too_large",
         431 => "headers_too_large",
         408 => "request_timeout",
+        501 => "not_implemented",
+        503 => "bodies_over_budget",
         _ => "bad_request",
     }
 }

@@ -9,18 +9,29 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-use crate::net::Stream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::budget::{BodyBudget, BodyHold};
+use crate::net::Stream;
+
+/// Bytes of request bodies held at once by default (`MAX_BUFFERED_BODY_BYTES`): sixteen
+/// bodies of the largest size.
+pub const DEFAULT_BODY_BUDGET: usize = 512 << 20;
 
 /// Size and time limits for reading requests.
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_header_bytes: usize,
     pub max_body_bytes: usize,
+    /// Shared by every connection: bytes of bodies in memory at once.
+    pub body_budget: Arc<BodyBudget>,
     /// How long a keep-alive connection may sit idle before the next request.
     pub idle_timeout: Duration,
     /// How long one read may block, and the whole head may take, once a request began.
     pub io_timeout: Duration,
+    /// How long a client may stop reading an answer (zero: no limit).
+    pub write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -28,8 +39,10 @@ impl Default for Limits {
         Limits {
             max_header_bytes: 64 * 1024,
             max_body_bytes: 32 * 1024 * 1024,
+            body_budget: BodyBudget::new(DEFAULT_BODY_BUDGET),
             idle_timeout: Duration::from_secs(75),
             io_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -42,6 +55,9 @@ pub struct Request {
     pub query: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The body's share of [`Limits::body_budget`], given back when the request (and
+    /// every clone) is dropped.
+    pub hold: Option<Arc<BodyHold>>,
     pub keep_alive: bool,
     pub http10: bool,
 }
@@ -158,6 +174,14 @@ impl Conn {
                 return Err(too_large(limits));
             }
         }
+        let reserve = match body_kind {
+            BodyKind::Length(n) => n,
+            BodyKind::Chunked => 0,
+        };
+        let mut hold = limits
+            .body_budget
+            .take(reserve)
+            .ok_or_else(|| over_budget(limits))?;
         if body_kind != BodyKind::Length(0)
             && req
                 .header("expect")
@@ -172,8 +196,9 @@ impl Conn {
                 let deadline = body_deadline(Instant::now(), n, limits.io_timeout);
                 self.read_exact_body(n, limits.io_timeout, deadline)?
             }
-            BodyKind::Chunked => self.read_chunked_body(limits)?,
+            BodyKind::Chunked => self.read_chunked_body(limits, &mut hold)?,
         };
+        req.hold = Some(Arc::new(hold));
         Ok(req)
     }
 
@@ -269,7 +294,11 @@ impl Conn {
         }
     }
 
-    fn read_chunked_body(&mut self, limits: &Limits) -> Result<Vec<u8>, ReadError> {
+    fn read_chunked_body(
+        &mut self,
+        limits: &Limits,
+        hold: &mut BodyHold,
+    ) -> Result<Vec<u8>, ReadError> {
         let started = Instant::now();
         let mut body = Vec::new();
         loop {
@@ -285,6 +314,9 @@ impl Conn {
             // Compared without adding: a size near usize::MAX must not wrap past the limit.
             if size > limits.max_body_bytes.saturating_sub(body.len()) {
                 return Err(too_large(limits));
+            }
+            if !hold.grow(size) {
+                return Err(over_budget(limits));
             }
             let deadline = body_deadline(started, body.len() + size, limits.io_timeout);
             let mut chunk = self.read_exact_body(size + 2, limits.io_timeout, deadline)?;
@@ -324,6 +356,17 @@ fn too_large(limits: &Limits) -> ReadError {
     ReadError::Reject(
         413,
         format!("request body exceeds {} bytes", limits.max_body_bytes),
+    )
+}
+
+fn over_budget(limits: &Limits) -> ReadError {
+    ReadError::Reject(
+        503,
+        format!(
+            "the server is receiving {} bytes of request bodies already \
+             (MAX_BUFFERED_BODY_BYTES); retry shortly",
+            limits.body_budget.max()
+        ),
     )
 }
 
@@ -380,25 +423,14 @@ pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
     } else {
         !connection.contains("close")
     };
-    let chunked =
-        get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
-    let kind = if chunked {
-        BodyKind::Chunked
-    } else {
-        match get("content-length") {
-            None => BodyKind::Length(0),
-            Some(v) => BodyKind::Length(
-                v.parse()
-                    .map_err(|_| ReadError::Reject(400, "invalid Content-Length".into()))?,
-            ),
-        }
-    };
+    let kind = super::framing::body_kind(&headers, http10)?;
     let req = Request {
         method,
         path: path.to_string(),
         query: query.to_string(),
         headers,
         body: Vec::new(),
+        hold: None,
         keep_alive,
         http10,
     };

@@ -199,7 +199,8 @@ pub fn show(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         return reply::write_error(conn, Style::Ollama, &e, keep, None);
     };
     if !ctx.shared.models().iter().any(|m| m == name) {
-        let e = ApiError::new(404, "model_not_found", format!("model '{name}' not found"));
+        let shown = crate::server::logsafe::bounded(name);
+        let e = ApiError::new(404, "model_not_found", format!("model '{shown}' not found"));
         return reply::write_error(conn, Style::Ollama, &e, keep, None);
     }
     let (capabilities, model_info) = show_info(ctx.shared.model_info().get(name));

@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use log::info;
 
-use crate::server::metrics::Finished;
+use crate::server::logsafe::bounded;
+use crate::server::metrics::{Finished, OTHER};
 use crate::server::tenancy::identity::Caller;
 use crate::server::Ctx;
 
@@ -41,10 +42,10 @@ pub fn record(ctx: &Ctx, r: &Record<'_>) {
         "request {} {} model={} tenant={} priority={}{capped} worker={} status={} queue_wait_ms={} duration_ms={} tokens_in={} tokens_out={} outcome={}",
         r.wire,
         r.route,
-        r.model,
+        bounded(r.model),
         who.tenant,
         who.priority.as_str(),
-        r.worker.unwrap_or("-"),
+        bounded(r.worker.unwrap_or("-")),
         r.status,
         wait,
         duration.as_millis(),
@@ -61,10 +62,13 @@ pub fn record(ctx: &Ctx, r: &Record<'_>) {
             tokens: r.tokens,
         });
     }
+    // Metrics keep a label per model for ever: only models a worker advertises get
+    // their own, what clients invent counts as `other` (as surplus tenants do).
+    let served = ctx.shared.models().iter().any(|m| m == r.model);
     ctx.http_metrics.finished(&Finished {
         id: r.wire,
         route: r.route,
-        model: r.model,
+        model: if served { r.model } else { OTHER },
         status: r.status,
         duration,
         first_chunk: r.first_chunk,

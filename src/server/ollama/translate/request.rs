@@ -100,6 +100,9 @@ fn parse_request(body: &[u8]) -> Result<Map<String, Value>, OllamaError> {
 /// `model` is the one field every endpoint requires.
 fn required_model(req: &Map<String, Value>) -> Result<String, OllamaError> {
     match req.get("model") {
+        Some(Value::String(m)) if m.len() > crate::server::body::MAX_MODEL_NAME_BYTES => Err(
+            OllamaError::bad_request(crate::server::body::model_too_long().message),
+        ),
         Some(Value::String(m)) if !m.trim().is_empty() => Ok(m.clone()),
         _ => Err(OllamaError::bad_request("model is required")),
     }
