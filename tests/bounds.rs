@@ -13,7 +13,10 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 use common::procs::{start_worker, Proc, ServerProc};
-use common::{post, read_head, request, send_request, wait_until, FakeWorker, ADMIN_TOKEN, WAIT};
+use common::{
+    post, read_head, read_response, request, send_request, wait_until, FakeWorker, ADMIN_TOKEN,
+    WAIT,
+};
 use fake_backend::FakeBackend;
 use serde_json::json;
 
@@ -64,7 +67,17 @@ fn a_body_of_newlines_over_the_message_limit_once_escaped_is_413_and_no_worker_d
     body.push_str(head);
     body.extend(std::iter::repeat_n('\n', (32 << 20) - head.len() - 1));
     body.push('}');
-    let r = post(server.addr, "/v1/chat/completions", &body);
+    // Reading, sizing and refusing 32 MiB in a debug build on a loaded CI box can take
+    // longer than the usual read timeout: this one is a safety net, not a figure.
+    let mut conn = send_request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        &[("content-type", "application/json")],
+    );
+    conn.set_read_timeout(Some(WAIT * 12)).ok();
+    let r = read_response(&mut conn);
     let dropped = sessions_dropped(&server);
     println!(
         "32 MiB newline body, 3 workers: status {}, worker sessions dropped: {dropped}",
@@ -279,8 +292,9 @@ fn ambiguous_framing_is_refused_over_the_socket() {
     let send = |framing: &str| {
         let mut s = TcpStream::connect(server.addr).expect("connect");
         s.set_read_timeout(Some(WAIT)).ok();
-        let raw =
-            format!("POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n{framing}\r\n\r\nhello");
+        let raw = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n{framing}\r\n\r\nhello"
+        );
         s.write_all(raw.as_bytes()).expect("request");
         read_head(&mut BufReader::new(&s)).0
     };
