@@ -15,6 +15,9 @@
 //! * `retryable` on `error`: the request failed before the backend sent anything back
 //!   (connection refused or reset, connect timeout, 502/503/504), so the server may run
 //!   it on another worker. A server that does not know the field sees today's error.
+//! * `headers` and `body` on `error`: the backend's own answer to a request reported as
+//!   retryable (status in `status_code`). When the server runs it nowhere else, the
+//!   client gets that answer unchanged, not the server's own error.
 //! * `loaded_models` and `backend_kind` on `register`, `loaded_models` on `models_update`:
 //!   which advertised models the backend holds in memory (routing prefers those).
 //! * `model_info` on `register` and `models_update`: model name → `{"context_length":
@@ -297,6 +300,13 @@ pub enum WorkerMessage {
         /// Extension: nothing reached the backend's answer yet; safe to run elsewhere.
         #[serde(skip_serializing_if = "Option::is_none")]
         retryable: Option<bool>,
+        /// Extension, with `body`: the backend's own answer's headers.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        headers: HeaderMap,
+        /// Extension: the backend's whole answer (status in `status_code`). A server that
+        /// does not run the request elsewhere gives it to the client as it is.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        body: Option<String>,
     },
     /// Extension: the worker is draining and wants no new requests.
     WorkerDraining {},
@@ -439,6 +449,8 @@ impl WorkerMessage {
                 message: r.message.unwrap_or_default(),
                 status_code: r.status_code,
                 retryable: r.retryable,
+                headers: r.headers.unwrap_or_default(),
+                body: r.body,
             },
             "worker_draining" => WorkerMessage::WorkerDraining {},
             "backend_status" => WorkerMessage::BackendStatus {

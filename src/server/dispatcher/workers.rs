@@ -8,7 +8,9 @@ use super::{
     sanitize_models, unix_ms, Action, ClientEvent, Dispatcher, DrainState, Failure, Phase,
     RegisterAck, RequestId, Stage, Timer, Worker, WorkerId,
 };
-use crate::protocol::{self, ModelInfoMap, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::protocol::{
+    self, ModelInfoMap, RegisterMessage, ResponseComplete, ServerMessage, WorkerMessage,
+};
 
 /// A request is dispatched at most this often (first try plus failovers and requeues).
 const MAX_ATTEMPTS: usize = 3;
@@ -142,6 +144,8 @@ impl Dispatcher {
                 message,
                 status_code,
                 retryable,
+                headers,
+                body,
             } => {
                 let Some(wire) = request_id else {
                     warn!("worker {name} reported: {code}: {message}");
@@ -149,16 +153,37 @@ impl Dispatcher {
                 };
                 if let Some(id) = self.in_flight_on(worker, &wire) {
                     self.note_outcome(worker, status_code.is_none_or(|s| s >= 500), now);
+                    // The backend's own answer, when the worker sent it along.
+                    let answer =
+                        body.zip(status_code)
+                            .map(|(body, status_code)| ResponseComplete {
+                                request_id: wire.clone(),
+                                status_code,
+                                headers,
+                                body: Some(body),
+                                token_counts: None,
+                            });
                     if retryable == Some(true) && self.fail_over(id, worker, &code, now) {
+                        if let (Some(req), Some(answer)) = (self.requests.get_mut(&id), answer) {
+                            req.last_answer = Some(answer);
+                        }
                         return;
                     }
                     info!("request {wire} failed on worker {name}: {code}: {message}");
-                    let failure = Failure::WorkerError {
-                        status: status_code,
-                        code,
-                        message,
+                    let earlier = self
+                        .requests
+                        .get_mut(&id)
+                        .and_then(|r| r.last_answer.take());
+                    // A backend answered: the client gets that answer, not ours.
+                    let event = match answer.or(earlier) {
+                        Some(answer) => ClientEvent::Complete(answer),
+                        None => ClientEvent::Failed(Failure::WorkerError {
+                            status: status_code,
+                            code,
+                            message,
+                        }),
                     };
-                    self.finish(id, ClientEvent::Failed(failure), now);
+                    self.finish(id, event, now);
                 }
             }
             WorkerMessage::Pong { current_load, .. } => {
@@ -208,7 +233,7 @@ impl Dispatcher {
             *streamed = true;
         }
         // Every chunk restarts the silence timer; the timer entry is moved lazily.
-        req.deadline = now + self.cfg.request_timeout;
+        req.deadline = now + self.cfg.request_limit();
         let untold = req.untold_dispatch.take();
         self.reply_after(id, untold, ClientEvent::Chunk(chunk));
     }
