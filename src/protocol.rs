@@ -30,6 +30,10 @@
 //! * `heartbeat_interval_secs` on `register_ack`: the server's ping period, sent to
 //!   workers that listed [`FEATURE_HEARTBEAT_INTERVAL`] (a worker on a black-holed
 //!   connection then notices the silence even before it saw two pings).
+//! * `response_head` (worker → server): the backend's status and headers of a streamed
+//!   answer before its first chunk, so headers the worker adds (`X-Context-Trimmed`)
+//!   reach the client with the stream's head. Only between sides that both listed
+//!   [`FEATURE_RESPONSE_HEAD`].
 //! * `model_operation`, `operation_status` and `worker_status`: load, unload and flush
 //!   models on request, and report the backend's version and resources; see
 //!   [`lifecycle`] (feature [`lifecycle::FEATURE_LIFECYCLE`]).
@@ -54,6 +58,8 @@ pub const FEATURE_CANCEL_ACK: &str = "cancel_ack";
 pub const FEATURE_BACKEND_HEALTH: &str = "backend_health";
 /// Worker feature: send `heartbeat_interval_secs` in `register_ack`.
 pub const FEATURE_HEARTBEAT_INTERVAL: &str = "heartbeat_interval";
+/// Feature of both sides: the worker sends `response_head` before a streamed body.
+pub const FEATURE_RESPONSE_HEAD: &str = "response_head";
 /// Server feature: `error.retryable` is read, and such requests fail over to another
 /// worker. Workers list it too, so the server knows their errors carry the field.
 pub const FEATURE_FAILOVER: &str = "failover";
@@ -285,6 +291,15 @@ pub enum WorkerMessage {
         chunk: String,
     },
     ResponseComplete(ResponseComplete),
+    /// Extension: the backend's status and headers of a streamed answer, before its
+    /// first chunk (`response_complete` still ends it). Sent only to a server that listed
+    /// [`FEATURE_RESPONSE_HEAD`].
+    ResponseHead {
+        request_id: String,
+        status_code: u16,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        headers: HeaderMap,
+    },
     Pong {
         current_load: u32,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -439,6 +454,11 @@ impl WorkerMessage {
                 body: r.body,
                 token_counts: r.token_counts,
             }),
+            "response_head" => WorkerMessage::ResponseHead {
+                request_id: need(r.request_id, k, "request_id")?,
+                status_code: need(r.status_code, k, "status_code")?,
+                headers: r.headers.unwrap_or_default(),
+            },
             "pong" => WorkerMessage::Pong {
                 current_load: r.current_load.unwrap_or(0),
                 timestamp_unix_ms: r.timestamp_unix_ms,

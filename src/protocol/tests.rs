@@ -102,6 +102,11 @@ fn worker_messages_round_trip_through_the_lenient_parser() {
             )])),
         },
         WorkerMessage::WorkerDraining {},
+        WorkerMessage::ResponseHead {
+            request_id: "r".into(),
+            status_code: 200,
+            headers: HeaderMap::from([("x-context-trimmed".into(), "2".into())]),
+        },
         WorkerMessage::Error {
             request_id: Some("r".into()),
             code: "backend_unavailable".into(),

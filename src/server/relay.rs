@@ -39,6 +39,8 @@ mod record;
 
 /// How often a waiting connection checks whether its client is still there.
 pub const HANGUP_CHECK: Duration = Duration::from_millis(200);
+/// Headers of the worker's `response_head` a stream's head carries (the worker's own).
+const STREAM_HEAD_HEADERS: &[&str] = &["x-context-trimmed"];
 
 /// Rewrites a relayed answer into another API's shape (the Ollama routes). Without one
 /// the backend's bytes reach the client as they are.
@@ -159,6 +161,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         keep_alive: keep,
         http10: req.http10,
         framing: None,
+        head: Vec::new(),
         boundary: EventBoundary::new(format),
         route: job.route,
         model: job.model,
@@ -215,6 +218,8 @@ struct Session<'a, 'r> {
     http10: bool,
     /// Set once the streaming response head went out.
     framing: Option<Framing>,
+    /// From the worker's `response_head`: headers the stream's head carries.
+    head: Vec<(&'static str, String)>,
     /// Holds back the start of an event until its end arrived.
     boundary: EventBoundary,
     route: String,
@@ -256,13 +261,22 @@ impl Session<'_, '_> {
                 ClientEvent::Queued { position, eta_ms } => {
                     self.push_progress(&mut buf, position, eta_ms);
                 }
+                ClientEvent::Head(headers) => {
+                    self.head = STREAM_HEAD_HEADERS
+                        .iter()
+                        .filter_map(|n| Some((*n, headers.get(*n)?.clone())))
+                        .collect();
+                    continue;
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
-                            ClientEvent::Dispatched { .. } | ClientEvent::Queued { .. } => {}
+                            ClientEvent::Dispatched { .. }
+                            | ClientEvent::Queued { .. }
+                            | ClientEvent::Head(_) => {}
                             other => {
                                 last = Some(other);
                                 break;
@@ -375,7 +389,12 @@ impl Session<'_, '_> {
             ("content-type", content_type),
             ("cache-control", "no-cache"),
         ];
-        headers.extend(extra.iter().map(|(n, v)| (*n, v.as_str())));
+        headers.extend(
+            extra
+                .iter()
+                .chain(&self.head)
+                .map(|(n, v)| (*n, v.as_str())),
+        );
         buf.extend_from_slice(&response::head(200, &headers, f, self.keep_alive));
         self.framing = Some(f);
         self.status = 200;
@@ -477,7 +496,8 @@ impl Session<'_, '_> {
                 self.push_stream_error(buf, framing, &e);
             }
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
-            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. }) => {}
+            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. })
+            | (_, ClientEvent::Head(_)) => {}
         }
     }
 

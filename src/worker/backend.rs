@@ -361,6 +361,13 @@ impl Backend {
         handle: &Handle,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
+        // The head first: headers the worker added (a trim) reach the client with the
+        // stream's head, not only in `response_complete` after the body.
+        emit(WorkerMessage::ResponseHead {
+            request_id: req.request_id.clone(),
+            status_code: status,
+            headers: headers.clone(),
+        });
         let mut buf = vec![0u8; READ_BYTES];
         let mut carry = Utf8Carry::default();
         let mut usage = UsageScanner::default();

@@ -159,15 +159,22 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
 
 /// Runs the request against the backend; a cancelled agent is replaced.
 fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
+    let (failover, head) = shared
+        .session
+        .lock()
+        .as_ref()
+        .map_or((false, false), |l| (l.failover, l.response_head));
     let mut emit = |msg: WorkerMessage| {
-        job.out.send(&msg);
+        // A server that did not ask for `response_head` is not sent one.
+        if head || !matches!(msg, WorkerMessage::ResponseHead { .. }) {
+            job.out.send(&msg);
+        }
     };
     let outcome = if job.handle.attach(agent) {
         info!(
             "forwarding request {}: {} {} (stream: {})",
             job.req.request_id, job.req.model, job.req.endpoint_path, job.req.is_streaming
         );
-        let failover = shared.session.lock().as_ref().is_some_and(|l| l.failover);
         let trim =
             trim::attempts::wanted(shared.cfg.context_trim, &job.req).then(|| trim::Policy {
                 contexts: &shared.contexts,

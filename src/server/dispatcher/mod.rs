@@ -38,7 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
+    HeaderMap, RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage,
+    WorkerMessage,
 };
 use crate::server::fingerprint::Fingerprints;
 pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
@@ -201,6 +202,8 @@ pub enum ClientEvent {
     /// Still waiting (only for requests that asked for progress): how many go
     /// before it and a guess of the wait left.
     Queued { position: usize, eta_ms: u64 },
+    /// The backend's headers of a streamed answer, before its first chunk.
+    Head(HeaderMap),
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
     /// The worker finished; final.

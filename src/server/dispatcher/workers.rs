@@ -49,6 +49,7 @@ impl Dispatcher {
             protocol::FEATURE_WORKER_DRAIN,
             protocol::FEATURE_BACKEND_HEALTH,
             protocol::FEATURE_FAILOVER,
+            protocol::FEATURE_RESPONSE_HEAD,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -127,6 +128,19 @@ impl Dispatcher {
         match msg {
             WorkerMessage::ResponseChunk { request_id, chunk } => {
                 self.on_chunk(worker, &request_id, chunk, now)
+            }
+            WorkerMessage::ResponseHead {
+                request_id,
+                headers,
+                ..
+            } => {
+                if let Some(id) = self.in_flight_on(worker, &request_id) {
+                    let untold = self
+                        .requests
+                        .get_mut(&id)
+                        .and_then(|r| r.untold_dispatch.take());
+                    self.reply_after(id, untold, ClientEvent::Head(headers));
+                }
             }
             WorkerMessage::ResponseComplete(rc) => {
                 if let Some(id) = self.in_flight_on(worker, &rc.request_id) {
