@@ -66,6 +66,33 @@ fn an_original_workers_backend_error_passes_through() {
 }
 
 #[test]
+fn an_original_workers_streamed_backend_error_passes_through() {
+    let server = TestServer::start();
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    let body = r#"{"error":{"message":"model overloaded","type":"server_error"}}"#;
+    let client = std::thread::spawn({
+        let addr = server.addr;
+        move || post(addr, "/v1/chat/completions", &chat("m", true))
+    });
+    let ServerMessage::Request(req) = worker.recv() else {
+        panic!("expected a request")
+    };
+    assert!(req.is_streaming);
+    // What the original worker does: the backend's body as chunks, then its status.
+    let (start, rest) = body.split_at(10);
+    worker.chunk(&req.request_id, start);
+    worker.chunk(&req.request_id, rest);
+    worker.send(json!({
+        "type": "response_complete", "request_id": req.request_id, "status_code": 503,
+        "headers": {"content-type": "application/json"}
+    }));
+    let r = client.join().expect("client");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.text(), body);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+}
+
+#[test]
 fn every_early_answer_carries_a_request_id() {
     let server = TestServer::start();
     let cases = [

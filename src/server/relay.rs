@@ -35,12 +35,11 @@ use boundary::{EventBoundary, Format};
 pub use record::{record, Record};
 
 pub(crate) mod boundary;
+mod held;
 mod record;
 
 /// How often a waiting connection checks whether its client is still there.
 pub const HANGUP_CHECK: Duration = Duration::from_millis(200);
-/// Headers of the worker's `response_head` a stream's head carries (the worker's own).
-const STREAM_HEAD_HEADERS: &[&str] = &["x-context-trimmed"];
 
 /// Rewrites a relayed answer into another API's shape (the Ollama routes). Without one
 /// the backend's bytes reach the client as they are.
@@ -162,6 +161,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         http10: req.http10,
         framing: None,
         head: Vec::new(),
+        held: Default::default(),
         boundary: EventBoundary::new(format),
         route: job.route,
         model: job.model,
@@ -220,6 +220,8 @@ struct Session<'a, 'r> {
     framing: Option<Framing>,
     /// From the worker's `response_head`: headers the stream's head carries.
     head: Vec<(&'static str, String)>,
+    /// A stream start that may be a whole answer ([`held`]).
+    held: held::Held,
     /// Holds back the start of an event until its end arrived.
     boundary: EventBoundary,
     route: String,
@@ -262,10 +264,7 @@ impl Session<'_, '_> {
                     self.push_progress(&mut buf, position, eta_ms);
                 }
                 ClientEvent::Head(headers) => {
-                    self.head = STREAM_HEAD_HEADERS
-                        .iter()
-                        .filter_map(|n| Some((*n, headers.get(*n)?.clone())))
-                        .collect();
+                    self.head = self.held.head(&headers);
                     continue;
                 }
                 ClientEvent::Chunk(chunk) => {
@@ -310,7 +309,11 @@ impl Session<'_, '_> {
 
     /// Writes the final part of the answer, records the request, and returns whether
     /// the connection may be reused.
-    fn finish_with(&mut self, event: ClientEvent, mut buf: Vec<u8>) -> bool {
+    fn finish_with(&mut self, mut event: ClientEvent, mut buf: Vec<u8>) -> bool {
+        if let ClientEvent::Complete(rc) = &mut event {
+            let held = self.held.release();
+            rc.body = Some(held + rc.body.as_deref().unwrap_or("")).filter(|b| !b.is_empty());
+        }
         let outcome = match &event {
             // The client already has the whole stream (see `EventBoundary::ended`).
             ClientEvent::Failed(_) if self.framing.is_some() && self.boundary.ended() => {
@@ -402,6 +405,10 @@ impl Session<'_, '_> {
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
+        let Some(chunk) = self.held.push(chunk) else {
+            return;
+        };
+        let chunk = chunk.as_ref();
         let reshaped;
         let chunk = match &mut self.reshape {
             Some(r) => {
