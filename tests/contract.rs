@@ -93,6 +93,34 @@ fn an_original_workers_streamed_backend_error_passes_through() {
 }
 
 #[test]
+fn zero_timeouts_and_queue_length_mean_no_limit() {
+    let server = ServerProc::start(&[
+        ("REQUEST_TIMEOUT_SECS", "0"),
+        ("QUEUE_TIMEOUT_SECS", "0"),
+        ("MAX_QUEUE_LEN", "0"),
+    ]);
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    server.wait_workers(1);
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let addr = server.addr;
+            std::thread::spawn(move || post(addr, "/v1/chat/completions", &chat("m", false)))
+        })
+        .collect();
+    // One at a time on the one slot, the others queued: every one is answered.
+    for _ in 0..3 {
+        let ServerMessage::Request(req) = worker.recv() else {
+            panic!("expected a request")
+        };
+        worker.complete(&req.request_id, 200, r#"{"ok":true}"#);
+    }
+    for client in clients {
+        let r = client.join().expect("client");
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
+#[test]
 fn every_early_answer_carries_a_request_id() {
     let server = TestServer::start();
     let cases = [
