@@ -449,6 +449,19 @@ impl Dispatcher {
         self.actions.push(Action::ToClient(id, event));
     }
 
+    /// How a request that failed ends: with the backend answer an earlier attempt got,
+    /// when there was one (the relay's own errors are for failures no backend answered).
+    pub(super) fn answer_or(&mut self, id: RequestId, failure: Failure) -> ClientEvent {
+        match self
+            .requests
+            .get_mut(&id)
+            .and_then(|r| r.last_answer.take())
+        {
+            Some(answer) => ClientEvent::Complete(answer),
+            None => ClientEvent::Failed(failure),
+        }
+    }
+
     /// Fails a request that holds no worker slot (rejected, queued, or shutting down).
     pub(super) fn fail(&mut self, id: RequestId, failure: Failure) {
         self.counters.failed(&failure);
@@ -522,8 +535,11 @@ impl Dispatcher {
                 };
                 info!("request {wire} failed: {}", failure.code());
                 self.queue.remove(id);
+                match self.answer_or(id, failure) {
+                    ClientEvent::Failed(failure) => self.fail(id, failure),
+                    answer => self.reply(id, answer),
+                }
                 self.requests.remove(&id);
-                self.fail(id, failure);
             }
             Stage::InFlight { worker, .. } => {
                 let wire = req.msg.request_id.clone();
@@ -540,7 +556,8 @@ impl Dispatcher {
                         reason: CancelReason::Timeout,
                     },
                 ));
-                self.finish(id, ClientEvent::Failed(Failure::RequestTimeout), now);
+                let event = self.answer_or(id, Failure::RequestTimeout);
+                self.finish(id, event, now);
             }
         }
     }

@@ -184,18 +184,15 @@ impl Dispatcher {
                         return;
                     }
                     info!("request {wire} failed on worker {name}: {code}: {message}");
-                    let earlier = self
-                        .requests
-                        .get_mut(&id)
-                        .and_then(|r| r.last_answer.take());
+                    let failure = Failure::WorkerError {
+                        status: status_code,
+                        code,
+                        message,
+                    };
                     // A backend answered: the client gets that answer, not ours.
-                    let event = match answer.or(earlier) {
+                    let event = match answer {
                         Some(answer) => ClientEvent::Complete(answer),
-                        None => ClientEvent::Failed(Failure::WorkerError {
-                            status: status_code,
-                            code,
-                            message,
-                        }),
+                        None => self.answer_or(id, failure),
                     };
                     self.finish(id, event, now);
                 }
@@ -380,7 +377,8 @@ impl Dispatcher {
             || self.phase != Phase::Running
         {
             info!("request {wire} failed: requeue exhausted");
-            self.finish(id, ClientEvent::Failed(Failure::RequeueExhausted), now);
+            let event = self.answer_or(id, Failure::RequeueExhausted);
+            self.finish(id, event, now);
         } else if let Some(req) = self.requests.get_mut(&id) {
             req.requeues += 1;
             self.counters.requeued += 1;
