@@ -15,7 +15,6 @@ use std::net::TcpStream;
 use common::procs::{start_worker, ServerProc};
 use common::*;
 use fake_backend::FakeBackend;
-use modelrelay::protocol::ServerMessage;
 use serde_json::json;
 
 /// What the fake backend answers with `always_status(503)`.
@@ -40,24 +39,31 @@ fn a_backend_503_reaches_the_client_as_the_backend_sent_it() {
     }
 }
 
-#[test]
-fn an_original_workers_backend_error_passes_through() {
+/// A worker speaking the original protocol (no `features`) answers a request with a
+/// backend's 503: whole in `response_complete`, or for a stream the body as chunks and
+/// then the status, as the original worker does. The client gets the backend's answer.
+fn original_worker_error_reaches_the_client(stream: bool) {
     let server = TestServer::start();
-    // No `features`: errors come as `response_complete` with the backend's status.
     let worker = FakeWorker::connect(server.addr, &["m"], 1);
     let body = r#"{"error":{"message":"model overloaded","type":"server_error"}}"#;
     let client = std::thread::spawn({
         let addr = server.addr;
-        move || post(addr, "/v1/chat/completions", &chat("m", false))
+        move || post(addr, "/v1/chat/completions", &chat("m", stream))
     });
-    let ServerMessage::Request(req) = worker.recv() else {
-        panic!("expected a request")
-    };
-    worker.send(json!({
+    let req = worker.request();
+    assert_eq!(req.is_streaming, stream);
+    let mut complete = json!({
         "type": "response_complete", "request_id": req.request_id, "status_code": 503,
         "headers": {"content-type": "application/json", "x-backend-note": "busy"},
-        "body": body
-    }));
+    });
+    if stream {
+        let (start, rest) = body.split_at(10);
+        worker.chunk(&req.request_id, start);
+        worker.chunk(&req.request_id, rest);
+    } else {
+        complete["body"] = json!(body);
+    }
+    worker.send(complete);
     let r = client.join().expect("client");
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.text(), body);
@@ -66,30 +72,13 @@ fn an_original_workers_backend_error_passes_through() {
 }
 
 #[test]
+fn an_original_workers_backend_error_passes_through() {
+    original_worker_error_reaches_the_client(false);
+}
+
+#[test]
 fn an_original_workers_streamed_backend_error_passes_through() {
-    let server = TestServer::start();
-    let worker = FakeWorker::connect(server.addr, &["m"], 1);
-    let body = r#"{"error":{"message":"model overloaded","type":"server_error"}}"#;
-    let client = std::thread::spawn({
-        let addr = server.addr;
-        move || post(addr, "/v1/chat/completions", &chat("m", true))
-    });
-    let ServerMessage::Request(req) = worker.recv() else {
-        panic!("expected a request")
-    };
-    assert!(req.is_streaming);
-    // What the original worker does: the backend's body as chunks, then its status.
-    let (start, rest) = body.split_at(10);
-    worker.chunk(&req.request_id, start);
-    worker.chunk(&req.request_id, rest);
-    worker.send(json!({
-        "type": "response_complete", "request_id": req.request_id, "status_code": 503,
-        "headers": {"content-type": "application/json"}
-    }));
-    let r = client.join().expect("client");
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(r.text(), body);
-    assert_eq!(r.header("content-type"), Some("application/json"));
+    original_worker_error_reaches_the_client(true);
 }
 
 #[test]
@@ -109,9 +98,7 @@ fn zero_timeouts_and_queue_length_mean_no_limit() {
         .collect();
     // One at a time on the one slot, the others queued: every one is answered.
     for _ in 0..3 {
-        let ServerMessage::Request(req) = worker.recv() else {
-            panic!("expected a request")
-        };
+        let req = worker.request();
         worker.complete(&req.request_id, 200, r#"{"ok":true}"#);
     }
     for client in clients {

@@ -175,9 +175,9 @@ fn a_backend_answer_outlives_a_later_attempt_that_times_out_in_the_queue() {
     let mut h = Harness::new();
     h.join(1, &["m"], 1);
     h.join(2, &["m"], 1);
-    h.submit(1, "m"); // worker 1
-    h.submit(2, "m"); // worker 2
-                      // Request 2's backend is overloaded; both workers are busy, so it waits again.
+    assert_eq!(dispatched(&h.submit(1, "m")), vec![(1, 1)]);
+    assert_eq!(dispatched(&h.submit(2, "m")), vec![(2, 2)]);
+    // Request 2's backend is overloaded; both workers are busy, so it waits again.
     let a = h.said(2, overloaded(2));
     assert!(failures(&a).is_empty() && completed(&a).is_empty(), "{a:?}");
     h.at(30.0);
