@@ -271,19 +271,6 @@ pub fn is_llama_router_props(body: &str) -> bool {
     json_object(body).is_some_and(|o| o.get("role").and_then(Value::as_str) == Some("router"))
 }
 
-/// `text` as a URL query value: unreserved characters as they are, every other byte
-/// percent-encoded (model names hold `/` and `:`).
-fn query_escape(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// A single-model llama-server's `GET /props`: `default_generation_settings.n_ctx` (or a
 /// top-level `n_ctx`), `completion`, and `vision` when `modalities.vision` is true.
 /// Also a router's `/props?model=NAME` for a loaded model. `None` for a router's own
@@ -350,7 +337,10 @@ fn describe_models(
             // out, so it is asked again next pass.
             let mut out = Vec::new();
             for m in missing {
-                let path = format!("/props?model={}&autoload=false", query_escape(m));
+                let path = format!(
+                    "/props?model={}&autoload=false",
+                    super::lifecycle::http::encode(m)
+                );
                 if let Some(info) = fetch(backend, &path)?.and_then(|b| parse_llama_props_info(&b))
                 {
                     out.push((m.clone(), Some(info)));

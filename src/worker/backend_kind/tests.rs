@@ -245,11 +245,9 @@ fn only_a_request_for_an_unloaded_model_asks_for_a_recheck() {
 }
 
 #[test]
-fn a_router_is_told_apart_and_model_names_are_escaped_for_the_query() {
+fn a_router_is_told_apart() {
     assert!(is_llama_router_props(
         r#"{"role":"router","build_info":"b7000"}"#
     ));
     assert!(!is_llama_router_props(LLAMA_PROPS));
-    assert_eq!(query_escape("org/m:Q4_K_M"), "org%2Fm%3AQ4_K_M");
-    assert_eq!(query_escape("a b&c"), "a%20b%26c");
 }
