@@ -15,6 +15,9 @@
 //! * `retryable` on `error`: the request failed before the backend sent anything back
 //!   (connection refused or reset, connect timeout, 502/503/504), so the server may run
 //!   it on another worker. A server that does not know the field sees today's error.
+//! * `headers` and `body` on `error`: the backend's own answer to a request reported as
+//!   retryable (status in `status_code`). When the server runs it nowhere else, the
+//!   client gets that answer unchanged, not the server's own error.
 //! * `loaded_models` and `backend_kind` on `register`, `loaded_models` on `models_update`:
 //!   which advertised models the backend holds in memory (routing prefers those).
 //! * `model_info` on `register` and `models_update`: model name → `{"context_length":
@@ -27,6 +30,10 @@
 //! * `heartbeat_interval_secs` on `register_ack`: the server's ping period, sent to
 //!   workers that listed [`FEATURE_HEARTBEAT_INTERVAL`] (a worker on a black-holed
 //!   connection then notices the silence even before it saw two pings).
+//! * `response_head` (worker → server): the backend's status and headers of a streamed
+//!   answer before its first chunk, so headers the worker adds (`X-Context-Trimmed`)
+//!   reach the client with the stream's head. Only between sides that both listed
+//!   [`FEATURE_RESPONSE_HEAD`].
 //! * `model_operation`, `operation_status` and `worker_status`: load, unload and flush
 //!   models on request, and report the backend's version and resources; see
 //!   [`lifecycle`] (feature [`lifecycle::FEATURE_LIFECYCLE`]).
@@ -52,6 +59,8 @@ pub const FEATURE_CANCEL_ACK: &str = "cancel_ack";
 pub const FEATURE_BACKEND_HEALTH: &str = "backend_health";
 /// Worker feature: send `heartbeat_interval_secs` in `register_ack`.
 pub const FEATURE_HEARTBEAT_INTERVAL: &str = "heartbeat_interval";
+/// Feature of both sides: the worker sends `response_head` before a streamed body.
+pub const FEATURE_RESPONSE_HEAD: &str = "response_head";
 /// Server feature: `error.retryable` is read, and such requests fail over to another
 /// worker. Workers list it too, so the server knows their errors carry the field.
 pub const FEATURE_FAILOVER: &str = "failover";
@@ -283,6 +292,15 @@ pub enum WorkerMessage {
         chunk: String,
     },
     ResponseComplete(ResponseComplete),
+    /// Extension: the backend's status and headers of a streamed answer, before its
+    /// first chunk (`response_complete` still ends it). Sent only to a server that listed
+    /// [`FEATURE_RESPONSE_HEAD`].
+    ResponseHead {
+        request_id: String,
+        status_code: u16,
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        headers: HeaderMap,
+    },
     Pong {
         current_load: u32,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -298,6 +316,13 @@ pub enum WorkerMessage {
         /// Extension: nothing reached the backend's answer yet; safe to run elsewhere.
         #[serde(skip_serializing_if = "Option::is_none")]
         retryable: Option<bool>,
+        /// Extension, with `body`: the backend's own answer's headers.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        headers: HeaderMap,
+        /// Extension: the backend's whole answer (status in `status_code`). A server that
+        /// does not run the request elsewhere gives it to the client as it is.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        body: Option<String>,
     },
     /// Extension: the worker is draining and wants no new requests.
     WorkerDraining {},
@@ -430,6 +455,11 @@ impl WorkerMessage {
                 body: r.body,
                 token_counts: r.token_counts,
             }),
+            "response_head" => WorkerMessage::ResponseHead {
+                request_id: need(r.request_id, k, "request_id")?,
+                status_code: need(r.status_code, k, "status_code")?,
+                headers: r.headers.unwrap_or_default(),
+            },
             "pong" => WorkerMessage::Pong {
                 current_load: r.current_load.unwrap_or(0),
                 timestamp_unix_ms: r.timestamp_unix_ms,
@@ -440,6 +470,8 @@ impl WorkerMessage {
                 message: r.message.unwrap_or_default(),
                 status_code: r.status_code,
                 retryable: r.retryable,
+                headers: r.headers.unwrap_or_default(),
+                body: r.body,
             },
             "worker_draining" => WorkerMessage::WorkerDraining {},
             "backend_status" => WorkerMessage::BackendStatus {

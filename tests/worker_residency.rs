@@ -15,7 +15,9 @@ use std::sync::atomic::Ordering;
 
 use common::procs::{start_worker, Proc, ServerProc};
 use common::{chat, post, request, wait_until, Response};
-use fake_backend::{FakeBackend, LoadedSet, OLLAMA_CAPABILITIES, OLLAMA_CONTEXT_LENGTH};
+use fake_backend::{
+    FakeBackend, LoadedSet, OLLAMA_CAPABILITIES, OLLAMA_CONTEXT_LENGTH, ROUTER_N_CTX,
+};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "residency-admin-token";
@@ -214,16 +216,28 @@ fn a_llama_server_router_reports_the_models_whose_status_is_loaded() {
             w["backend_kind"] == "llama-server"
                 && w["models"] == json!(["x", "y"])
                 && w["loaded_models"] == json!(["y"])
-                // A router's `/props` describes no one model.
-                && w["model_info"].is_null()
+                // The loaded model is described (asked by name), the other not yet.
+                && w["model_info"]["y"]["context_length"] == ROUTER_N_CTX
+                && w["model_info"]["x"].is_null()
         })],
+    );
+    // `/v1/capabilities` lists it loaded, with its context.
+    let caps = request(server.addr, "GET", "/v1/capabilities", None, &[]).json();
+    let runner = &caps["runners"][0];
+    assert_eq!(runner["models"]["loaded"][0]["id"], "y", "{caps:#}");
+    assert_eq!(
+        runner["models"]["loaded"][0]["contextLength"], ROUTER_N_CTX,
+        "{caps:#}"
     );
     ask(&server, "x");
     assert_eq!(requests(&b), 1);
     wait_workers(
         &server,
-        "`x` loaded by the request, re-checked after it",
-        &[("llama", &loaded_is(json!(["x", "y"])))],
+        "`x` loaded by the request, re-checked and described after it",
+        &[("llama", &|w: &Value| {
+            loaded_is(json!(["x", "y"]))(w)
+                && w["model_info"]["x"]["context_length"] == ROUTER_N_CTX
+        })],
     );
 }
 

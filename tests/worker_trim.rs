@@ -298,6 +298,9 @@ fn a_streaming_request_is_trimmed_before_its_first_chunk() {
     let dropped = messages(&body).len() - messages(&sent).len();
     assert!(dropped > 0);
     assert_trimmed(&body, &second, dropped);
+    // The stream's head says so: a client reads it before the body.
+    let told = dropped.to_string();
+    assert_eq!(resp.header("x-context-trimmed"), Some(told.as_str()));
 }
 
 #[test]

@@ -40,7 +40,7 @@ mod flavours;
 #[path = "fake_wire.rs"]
 mod wire;
 #[allow(unused_imports)]
-pub use flavours::{FAKE_BUILD, FAKE_KV_USAGE, FAKE_VERSION, ROUTER_SLOTS};
+pub use flavours::{FAKE_BUILD, FAKE_KV_USAGE, FAKE_VERSION, ROUTER_N_CTX, ROUTER_SLOTS};
 use wire::*;
 
 /// What the backend observed, for tests.

@@ -33,6 +33,8 @@ pub const FAKE_VERSION: &str = "0.0.0-fake";
 pub const FAKE_BUILD: &str = "b0-fake";
 /// Slots per loaded model of a fake llama-server router.
 pub const ROUTER_SLOTS: u64 = 2;
+/// The context a router's loaded model has (`/props?model=`, `/slots`).
+pub const ROUTER_N_CTX: u64 = 4096;
 /// The KV-cache usage a fake llama-server or vLLM reports in `/metrics`.
 pub const FAKE_KV_USAGE: f64 = 0.25;
 
@@ -264,9 +266,18 @@ impl FakeBackend {
                 self.loaded.lock().extend(loading);
                 ok(json!({"object": "list", "data": data}))
             }
-            ("GET", "/props") if named.is_none() => ok(json!({
-                "role": "router", "build_info": FAKE_BUILD, "is_sleeping": false,
-            })),
+            ("GET", "/props") => match named {
+                None => ok(json!({
+                    "role": "router", "build_info": FAKE_BUILD, "is_sleeping": false,
+                })),
+                // One model's props: only a loaded one without `autoload`.
+                Some(m) if !is_loaded(&m) => err(400, "model is not loaded"),
+                Some(m) => ok(json!({
+                    "default_generation_settings": {"id": 0, "n_ctx": ROUTER_N_CTX},
+                    "model_path": format!("/models/{m}.gguf"), "build_info": FAKE_BUILD,
+                    "modalities": {"vision": false, "audio": false},
+                })),
+            },
             ("POST", "/models/load") => {
                 let m = model_of(&body_json(body));
                 if !self.models.contains(&m) {
@@ -300,7 +311,7 @@ impl FakeBackend {
                     ));
                 }
                 let slots: Vec<Value> = (0..ROUTER_SLOTS)
-                    .map(|id| json!({"id": id, "n_ctx": 4096, "is_processing": false}))
+                    .map(|id| json!({"id": id, "n_ctx": ROUTER_N_CTX, "is_processing": false}))
                     .collect();
                 ok(Value::Array(slots))
             }

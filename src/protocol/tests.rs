@@ -102,6 +102,20 @@ fn worker_messages_round_trip_through_the_lenient_parser() {
             )])),
         },
         WorkerMessage::WorkerDraining {},
+        WorkerMessage::ResponseHead {
+            request_id: "r".into(),
+            status_code: 200,
+            headers: HeaderMap::from([("x-context-trimmed".into(), "2".into())]),
+        },
+        WorkerMessage::Error {
+            request_id: Some("r".into()),
+            code: "backend_unavailable".into(),
+            message: "backend answered 503".into(),
+            status_code: Some(503),
+            retryable: Some(true),
+            headers: HeaderMap::from([("content-type".into(), "application/json".into())]),
+            body: Some(r#"{"error":{"message":"model overloaded"}}"#.into()),
+        },
     ];
     for msg in msgs {
         assert_eq!(WorkerMessage::parse(&to_json(&msg)).unwrap(), msg);

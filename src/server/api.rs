@@ -32,8 +32,10 @@ pub const RELAYED_ROUTES: &[&str] = &[
 /// request (keep-alive), `None` when it was closed or handed to the worker socket.
 pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
     let peer = conn.peer;
-    let relayed =
-        RELAYED_ROUTES.contains(&req.path.as_str()) || ollama::endpoint(&req.path).is_some();
+    // A relayed request takes its id when it is admitted; every other answer (a wrong
+    // method on a relayed path too) gets one here.
+    let relayed = req.method == "POST"
+        && (RELAYED_ROUTES.contains(&req.path.as_str()) || ollama::endpoint(&req.path).is_some());
     conn.request_id = if relayed {
         None
     } else {

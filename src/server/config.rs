@@ -37,19 +37,19 @@ pub const OPTIONS: &[Opt] = &[
         flag: "max-queue-len",
         env: "MAX_QUEUE_LEN",
         default: Some("100"),
-        help: "requests that may wait for a worker before 429",
+        help: "requests that may wait for a worker before 429 (0: no cap)",
     },
     Opt {
         flag: "queue-timeout-secs",
         env: "QUEUE_TIMEOUT_SECS",
         default: Some("30"),
-        help: "how long a request may wait for a worker before 504",
+        help: "how long a request may wait for a worker before 504 (0: no limit)",
     },
     Opt {
         flag: "request-timeout-secs",
         env: "REQUEST_TIMEOUT_SECS",
         default: Some("300"),
-        help: "longest wait for the answer to start, and between stream chunks",
+        help: "longest wait for the answer to start, and between stream chunks (0: no limit)",
     },
     Opt {
         flag: "heartbeat-interval-secs",
@@ -145,7 +145,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "max-queue-per-tenant",
         env: "MAX_QUEUE_PER_TENANT",
         default: None,
-        help: "requests one tenant may have waiting before 429 tenant_queue_full (default: half of MAX_QUEUE_LEN)",
+        help: "requests one named tenant may have waiting before 429 tenant_queue_full (default: half of MAX_QUEUE_LEN; 0: no cap)",
     },
     Opt {
         flag: "priority-aging-secs",
@@ -241,7 +241,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "idle-timeout-secs",
         env: "IDLE_TIMEOUT_SECS",
         default: Some("75"),
-        help: "how long an idle keep-alive client connection stays open",
+        help: "how long an idle keep-alive client connection stays open (must be above 0)",
     },
     Opt {
         flag: "trusted-proxies",
@@ -295,9 +295,14 @@ pub struct ServerConfig {
 impl ServerConfig {
     pub fn from_settings(s: &Settings) -> Result<ServerConfig, ConfigError> {
         let max_queue_len: usize = s.number("max-queue-len", 100)?;
+        // No cap on the queue: none on a tenant's share of it either, unless set.
+        let per_tenant = match max_queue_len {
+            0 => 0,
+            len => (len / 2).max(1),
+        };
         let dispatch = dispatcher::Config {
             max_queue_len,
-            max_queue_per_tenant: s.number("max-queue-per-tenant", (max_queue_len / 2).max(1))?,
+            max_queue_per_tenant: s.number("max-queue-per-tenant", per_tenant)?,
             priority_aging: s.secs("priority-aging-secs", 10)?,
             outlier_consecutive_failures: s.number("outlier-consecutive-failures", 5)?,
             queue_timeout: s.secs("queue-timeout-secs", 30)?,
@@ -318,10 +323,20 @@ impl ServerConfig {
                 "HEARTBEAT_TIMEOUT_SECS must be at least HEARTBEAT_INTERVAL_SECS (> 0)".into(),
             ));
         }
+        let idle_timeout = s.secs("idle-timeout-secs", 75)?;
+        if idle_timeout.is_zero() {
+            // Without an idle timeout every idle keep-alive connection would hold a
+            // connection slot for ever: a few clients could use up MAX_CONNECTIONS.
+            return Err(ConfigError(
+                "IDLE_TIMEOUT_SECS must be above 0 (an idle connection without a timeout \
+                 holds a connection slot for ever)"
+                    .into(),
+            ));
+        }
         let limits = Limits {
             max_body_bytes: s.number("max-request-body-bytes", 32 << 20)?,
             body_budget: BodyBudget::new(s.number("max-buffered-body-bytes", DEFAULT_BODY_BUDGET)?),
-            idle_timeout: s.secs("idle-timeout-secs", 75)?,
+            idle_timeout,
             write_timeout: s.secs("write-timeout-secs", 30)?,
             ..Limits::default()
         };
@@ -504,5 +519,30 @@ mod tests {
         assert!(cfg("33554432", "67108864").is_ok());
         let e = cfg("67108864", "67108864").expect_err("refused");
         assert!(e.to_string().contains("MAX_WS_MESSAGE_BYTES"), "{e}");
+    }
+
+    #[test]
+    fn zero_means_no_limit_or_is_refused_with_a_reason() {
+        let cfg = |pairs: &[(&'static str, &str)]| {
+            let mut all = vec![("worker-secret", "s")];
+            all.extend_from_slice(pairs);
+            ServerConfig::from_settings(&Settings::from_pairs(&all))
+        };
+        let zero = cfg(&[
+            ("max-queue-len", "0"),
+            ("queue-timeout-secs", "0"),
+            ("request-timeout-secs", "0"),
+        ])
+        .expect("zeros are accepted");
+        let d = &zero.dispatch;
+        assert_eq!((d.max_queue_len, d.max_queue_per_tenant), (0, 0));
+        assert!(d.queue_limit() > Duration::from_secs(50 * 365 * 24 * 3600));
+        assert!(d.request_limit() > Duration::from_secs(50 * 365 * 24 * 3600));
+        let set = cfg(&[("max-queue-len", "0"), ("max-queue-per-tenant", "5")]).expect("set");
+        assert_eq!(set.dispatch.max_queue_per_tenant, 5);
+        let Err(e) = cfg(&[("idle-timeout-secs", "0")]) else {
+            panic!("IDLE_TIMEOUT_SECS=0 accepted");
+        };
+        assert!(e.0.contains("IDLE_TIMEOUT_SECS"), "{}", e.0);
     }
 }

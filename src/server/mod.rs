@@ -283,11 +283,12 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>) {
             let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
             let e = errors::ApiError::new(503, "too_many_connections", "connection limit reached");
             if ctx.cfg.tls.is_none() {
+                let id = dispatcher::wire_request_id(ctx.next_request_id());
                 let _ = stream.write_all(&reply::error_response(
                     errors::Style::OpenAi,
                     &e,
                     false,
-                    &[],
+                    &[("x-request-id", &id)],
                 ));
             }
             continue;

@@ -253,7 +253,7 @@ impl Parts<'_> {
     fn gather(&self, conn: &mut Conn, bodies: Vec<Arc<str>>) -> Option<Vec<Part>> {
         let cfg = &self.ctx.cfg.dispatch;
         let started = Instant::now();
-        let deadline = started + cfg.queue_timeout + cfg.request_timeout + BACKSTOP;
+        let deadline = started + cfg.queue_limit() + cfg.request_limit() + BACKSTOP;
         let mut parts: Vec<Part> = bodies.into_iter().map(|b| self.submit(b)).collect();
         let mut checked = started;
         loop {
@@ -349,7 +349,7 @@ impl Parts<'_> {
                 part.queue_wait = Some(queue_wait);
                 part.worker = Some(worker);
             }
-            ClientEvent::Queued { .. } => {}
+            ClientEvent::Queued { .. } | ClientEvent::Head(_) => {}
             ClientEvent::Chunk(chunk) => {
                 part.first_chunk
                     .get_or_insert_with(|| part.started.elapsed());

@@ -37,6 +37,7 @@ pub use record::{record, Record};
 
 pub(crate) mod boundary;
 mod bounds;
+mod held;
 mod record;
 
 /// How often a waiting connection checks whether its client is still there.
@@ -164,6 +165,8 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         keep_alive: keep,
         http10: req.http10,
         framing: None,
+        head: Vec::new(),
+        held: Default::default(),
         boundary: EventBoundary::new(format),
         route: job.route,
         model: job.model,
@@ -221,6 +224,10 @@ struct Session<'a, 'r> {
     http10: bool,
     /// Set once the streaming response head went out.
     framing: Option<Framing>,
+    /// From the worker's `response_head`: headers the stream's head carries.
+    head: Vec<(&'static str, String)>,
+    /// A stream start that may be a whole answer ([`held`]).
+    held: held::Held,
     /// Holds back the start of an event until its end arrived.
     boundary: EventBoundary,
     route: String,
@@ -265,13 +272,19 @@ impl Session<'_, '_> {
                 ClientEvent::Queued { position, eta_ms } => {
                     self.push_progress(&mut buf, position, eta_ms);
                 }
+                ClientEvent::Head(headers) => {
+                    self.head = self.held.head(&headers);
+                    continue;
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
-                            ClientEvent::Dispatched { .. } | ClientEvent::Queued { .. } => {}
+                            ClientEvent::Dispatched { .. }
+                            | ClientEvent::Queued { .. }
+                            | ClientEvent::Head(_) => {}
                             other => {
                                 last = Some(other);
                                 break;
@@ -322,7 +335,11 @@ impl Session<'_, '_> {
 
     /// Writes the final part of the answer, records the request, and returns whether
     /// the connection may be reused.
-    fn finish_with(&mut self, event: ClientEvent, mut buf: Vec<u8>) -> bool {
+    fn finish_with(&mut self, mut event: ClientEvent, mut buf: Vec<u8>) -> bool {
+        if let ClientEvent::Complete(rc) = &mut event {
+            let held = self.held.release();
+            rc.body = Some(held + rc.body.as_deref().unwrap_or("")).filter(|b| !b.is_empty());
+        }
         let outcome = match &event {
             // The client already has the whole stream (see `EventBoundary::ended`).
             ClientEvent::Failed(_) if self.framing.is_some() && self.boundary.ended() => {
@@ -401,7 +418,12 @@ impl Session<'_, '_> {
             ("content-type", content_type),
             ("cache-control", "no-cache"),
         ];
-        headers.extend(extra.iter().map(|(n, v)| (*n, v.as_str())));
+        headers.extend(
+            extra
+                .iter()
+                .chain(&self.head)
+                .map(|(n, v)| (*n, v.as_str())),
+        );
         buf.extend_from_slice(&response::head(200, &headers, f, self.keep_alive));
         self.framing = Some(f);
         self.status = 200;
@@ -409,6 +431,10 @@ impl Session<'_, '_> {
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
+        let Some(chunk) = self.held.push(chunk) else {
+            return;
+        };
+        let chunk = chunk.as_ref();
         let reshaped;
         let chunk = match &mut self.reshape {
             Some(r) => {
@@ -503,7 +529,8 @@ impl Session<'_, '_> {
                 self.push_stream_error(buf, framing, &e);
             }
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
-            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. }) => {}
+            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. })
+            | (_, ClientEvent::Head(_)) => {}
         }
     }
 

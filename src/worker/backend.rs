@@ -43,8 +43,13 @@ pub enum Outcome {
     /// and this backend is probably down.
     Unreachable(String),
     /// The backend answered 502, 503 or 504 (its own upstream or its model is not
-    /// ready). Nothing was sent: another worker may run it.
-    Unavailable { status: u16, body: String },
+    /// ready). Nothing was sent: another worker may run it. `body`: the whole answer
+    /// (absent when larger than a message may carry), for the client if none other does.
+    Unavailable {
+        status: u16,
+        headers: HeaderMap,
+        body: Option<String>,
+    },
     /// Any other failure before the answer went out (not safe to run elsewhere).
     Failed(String),
     /// The backend failed after part of a stream was sent.
@@ -75,8 +80,8 @@ impl std::fmt::Display for ModelsError {
 
 /// Statuses that mean "not this backend, not now": retryable on another worker.
 pub const UNAVAILABLE_STATUSES: [u16; 3] = [502, 503, 504];
-/// How much of a 502/503/504 body is kept for the error message.
-const UNAVAILABLE_BODY_CHARS: usize = 512;
+/// How much of a 502/503/504 body goes into the error message.
+pub const UNAVAILABLE_BODY_CHARS: usize = 512;
 /// `GET /v1/models` gives up after this long (it is also the health probe, which must
 /// not hang on a backend that accepts connections and never answers).
 const MODELS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -250,7 +255,7 @@ impl Backend {
             let reader = response.into_body().into_reader();
             if failover && UNAVAILABLE_STATUSES.contains(&status) {
                 // Nothing went to the server yet, so this can still run elsewhere.
-                return unavailable(status, reader, handle);
+                return unavailable(status, headers, reader, self.max_body, handle);
             }
             if attempts.watches(status) {
                 // Nothing went out yet either: a context refusal is retried shorter.
@@ -362,6 +367,13 @@ impl Backend {
         handle: &Handle,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
+        // The head first: headers the worker added (a trim) reach the client with the
+        // stream's head, not only in `response_complete` after the body.
+        emit(WorkerMessage::ResponseHead {
+            request_id: req.request_id.clone(),
+            status_code: status,
+            headers: headers.clone(),
+        });
         let mut buf = vec![0u8; READ_BYTES];
         let mut carry = Utf8Carry::default();
         let mut usage = UsageScanner::default();
@@ -459,18 +471,27 @@ impl Backend {
     }
 }
 
-/// Reads the start of a 502/503/504 answer for the error message.
-fn unavailable(status: u16, reader: impl Read, handle: &Handle) -> Outcome {
+/// Reads a 502/503/504 answer whole (at most `max` bytes), so the client can get it as
+/// the backend sent it.
+fn unavailable(
+    status: u16,
+    headers: HeaderMap,
+    reader: impl Read,
+    max: usize,
+    handle: &Handle,
+) -> Outcome {
     let mut bytes = Vec::new();
-    let read = reader.take(4 * 1024).read_to_end(&mut bytes);
+    let read = reader.take(max as u64 + 1).read_to_end(&mut bytes);
     if read.is_err() && handle.is_cancelled() {
         return Outcome::Cancelled;
     }
-    let body: String = String::from_utf8_lossy(&bytes)
-        .chars()
-        .take(UNAVAILABLE_BODY_CHARS)
-        .collect();
-    Outcome::Unavailable { status, body }
+    let body =
+        (read.is_ok() && bytes.len() <= max).then(|| String::from_utf8_lossy(&bytes).into_owned());
+    Outcome::Unavailable {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// Errors that mean no answer came from the backend at all: it refused, reset or

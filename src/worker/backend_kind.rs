@@ -24,9 +24,10 @@
 //! as it reports them, the context length from the `model_info` key ending in
 //! `.context_length`); a single-model llama-server's `/props` gives
 //! `default_generation_settings.n_ctx` and `completion` (+ `vision` when
-//! `modalities.vision`); vLLM's `/v1/models` gives `max_model_len` and `completion`. A
-//! llama-server router and an `openai` backend describe nothing. What is not said is
-//! `null`, never guessed.
+//! `modalities.vision`); a llama-server router answers the same per loaded model
+//! (`/props?model=NAME&autoload=false`; a model not loaded is asked again next pass);
+//! vLLM's `/v1/models` gives `max_model_len` and `completion`. An `openai` backend
+//! describes nothing. What is not said is `null`, never guessed.
 //!
 //! The parsers are pure functions over the recorded bodies; the HTTP calls are thin.
 //! The worker re-reads the set every `MODELS_REFRESH_SECS`, when the server asks, and —
@@ -265,9 +266,15 @@ pub fn parse_ollama_show(body: &str) -> Result<ModelInfo, String> {
     })
 }
 
+/// Whether llama-server's `GET /props` is a router's (`"role": "router"`).
+pub fn is_llama_router_props(body: &str) -> bool {
+    json_object(body).is_some_and(|o| o.get("role").and_then(Value::as_str) == Some("router"))
+}
+
 /// A single-model llama-server's `GET /props`: `default_generation_settings.n_ctx` (or a
 /// top-level `n_ctx`), `completion`, and `vision` when `modalities.vision` is true.
-/// `None` for a router (its `/props` describes no one model) or an unreadable body.
+/// Also a router's `/props?model=NAME` for a loaded model. `None` for a router's own
+/// `/props` (it describes no one model) or an unreadable body.
 pub fn parse_llama_props_info(body: &str) -> Option<ModelInfo> {
     let o = json_object(body)?;
     if o.get("role").and_then(Value::as_str) == Some("router") {
@@ -320,9 +327,27 @@ fn describe_models(
         |info: Option<ModelInfo>| missing.iter().map(|m| (m.clone(), info.clone())).collect();
     match kind {
         Kind::OpenAi => Ok(every(None)),
-        Kind::LlamaServer => Ok(every(
-            fetch(backend, "/props")?.and_then(|b| parse_llama_props_info(&b)),
-        )),
+        Kind::LlamaServer => {
+            let props = fetch(backend, "/props")?;
+            if !props.as_deref().is_some_and(is_llama_router_props) {
+                return Ok(every(props.and_then(|b| parse_llama_props_info(&b))));
+            }
+            // A router's `/props` describes no one model; `?model=` asks one that is
+            // loaded (`autoload=false`: asking must not load it). One not loaded is left
+            // out, so it is asked again next pass.
+            let mut out = Vec::new();
+            for m in missing {
+                let path = format!(
+                    "/props?model={}&autoload=false",
+                    super::lifecycle::http::encode(m)
+                );
+                if let Some(info) = fetch(backend, &path)?.and_then(|b| parse_llama_props_info(&b))
+                {
+                    out.push((m.clone(), Some(info)));
+                }
+            }
+            Ok(out)
+        }
         Kind::Vllm => {
             let Some(body) = fetch(backend, "/v1/models")? else {
                 return Ok(every(None));
@@ -468,7 +493,7 @@ impl Residency {
     }
 
     /// What the backend says about the advertised models it described; `None` when it
-    /// described none (an `openai` backend, a llama-server router, not read yet).
+    /// described none (an `openai` backend, nothing loaded in a router, not read yet).
     pub fn info_among(&self, advertised: &[String]) -> Option<ModelInfoMap> {
         let described = self.described.lock();
         let map: ModelInfoMap = advertised

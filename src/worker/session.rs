@@ -89,6 +89,8 @@ pub struct Link {
     pub backend_health: bool,
     /// The server reads `error.retryable` and runs such requests elsewhere.
     pub failover: bool,
+    /// The server reads `response_head`.
+    pub response_head: bool,
     /// What the server was last told about models and backend (see `health::sync`).
     pub told: Arc<parking_lot::Mutex<Told>>,
     /// The server runs model operations and reads `worker_status`.
@@ -143,6 +145,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         server_drain: has(protocol::FEATURE_WORKER_DRAIN),
         backend_health: has(protocol::FEATURE_BACKEND_HEALTH),
         failover: has(protocol::FEATURE_FAILOVER),
+        response_head: has(protocol::FEATURE_RESPONSE_HEAD),
         told: Arc::new(parking_lot::Mutex::new(told)),
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
@@ -194,6 +197,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
             protocol::FEATURE_BACKEND_HEALTH.into(),
             FEATURE_LIFECYCLE.into(),
             protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
+            protocol::FEATURE_RESPONSE_HEAD.into(),
         ],
         loaded_models,
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),

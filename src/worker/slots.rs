@@ -16,13 +16,13 @@ use std::thread::Thread;
 use log::{error, info, warn};
 use parking_lot::Mutex;
 
-use super::backend::{fresh_agent, Outcome};
+use super::backend::{fresh_agent, Outcome, UNAVAILABLE_BODY_CHARS};
 use super::health;
 use super::inflight::Handle;
 use super::session::Out;
 use super::trim;
 use super::Shared;
-use crate::protocol::{RequestMessage, WorkerMessage};
+use crate::protocol::{HeaderMap, RequestMessage, WorkerMessage};
 
 /// One request waiting for (or running in) a slot.
 pub struct Job {
@@ -159,15 +159,22 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
 
 /// Runs the request against the backend; a cancelled agent is replaced.
 fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
+    let (failover, head) = shared
+        .session
+        .lock()
+        .as_ref()
+        .map_or((false, false), |l| (l.failover, l.response_head));
     let mut emit = |msg: WorkerMessage| {
-        job.out.send(&msg);
+        // A server that did not ask for `response_head` is not sent one.
+        if head || !matches!(msg, WorkerMessage::ResponseHead { .. }) {
+            job.out.send(&msg);
+        }
     };
     let outcome = if job.handle.attach(agent) {
         info!(
             "forwarding request {}: {} {} (stream: {})",
             job.req.request_id, job.req.model, job.req.endpoint_path, job.req.is_streaming
         );
-        let failover = shared.session.lock().as_ref().is_some_and(|l| l.failover);
         let trim =
             trim::attempts::wanted(shared.cfg.context_trim, &job.req).then(|| trim::Policy {
                 contexts: &shared.contexts,
@@ -195,6 +202,8 @@ struct Report {
     /// Nothing reached the server yet and the backend never answered this request:
     /// another worker may run it.
     retryable: bool,
+    /// The backend's own answer (headers, body), for the client if no other comes.
+    answer: Option<(HeaderMap, String)>,
 }
 
 impl Report {
@@ -204,6 +213,7 @@ impl Report {
             message,
             status_code,
             retryable: false,
+            answer: None,
         }
     }
 
@@ -215,6 +225,10 @@ impl Report {
     }
 
     fn into_message(self, id: &str) -> WorkerMessage {
+        let (headers, body) = match self.answer {
+            Some((headers, body)) => (headers, Some(body)),
+            None => (HeaderMap::new(), None),
+        };
         WorkerMessage::Error {
             request_id: Some(id.to_string()),
             code: self.code.into(),
@@ -222,6 +236,8 @@ impl Report {
             status_code: self.status_code,
             // Absent rather than false when not retryable: today's exact shape.
             retryable: self.retryable.then_some(true),
+            headers,
+            body,
         }
     }
 }
@@ -247,10 +263,18 @@ fn report(shared: &Shared, req: &RequestMessage, outcome: Outcome) -> Option<Rep
                 502,
             ))
         }
-        Outcome::Unavailable { status, body } => {
+        Outcome::Unavailable {
+            status,
+            headers,
+            body,
+        } => {
             warn!("backend answered {status} for request {id}; reported as retryable");
-            let message = format!("backend answered {status}: {body}");
-            Some(Report::retryable("backend_unavailable", message, status))
+            let text = body.as_deref().unwrap_or("(too large to keep)");
+            let short: String = text.chars().take(UNAVAILABLE_BODY_CHARS).collect();
+            let message = format!("backend answered {status}: {short}");
+            let mut report = Report::retryable("backend_unavailable", message, status);
+            report.answer = body.map(|body| (headers, body));
+            Some(report)
         }
         Outcome::Failed(e) => {
             warn!("backend error for request {id}: {e}");

@@ -76,7 +76,10 @@ def test_router_capabilities_load_route_flush_unload():
     assert done["status"] == "completed", done
     loaded = router_runner()["models"]["loaded"]
     assert [m["id"] for m in loaded] == ["gemma-b"], loaded
-    assert loaded[0]["contextLength"] in (None, 2048) or loaded[0]["contextLength"] > 0
+    # The worker asks the router for the loaded model's props (`/props?model=`): its
+    # context is the router's -c 2048, once the worker's next pass read it.
+    until("gemma-b's context length", lambda: (
+        router_runner()["models"]["loaded"][0].get("contextLength") == 2048))
 
     status, answer = call("POST", "/v1/chat/completions", {
         "model": "gemma-b", "max_tokens": 8, "temperature": 0,

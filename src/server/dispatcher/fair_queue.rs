@@ -11,7 +11,8 @@
 //! its next tag is never below the class clock.
 //!
 //! Aging: a request that waited `aging` in its class moves up one class (low → normal →
-//! high), so `low` cannot starve behind a steady stream of `normal`.
+//! high), so `low` cannot starve behind a steady stream of `normal`. In its new class it
+//! still goes before the requests of its own tenant that arrived after it.
 //!
 //! Workers serve only some models, so each class indexes its requests per model; taking
 //! work for a worker looks at the head of each model it serves. Every operation is
@@ -93,6 +94,13 @@ impl Default for Who {
 /// The tenant of requests that name none.
 pub const DEFAULT_TENANT: &str = "default";
 
+impl Who {
+    /// Whether the request named no tenant (it is in [`DEFAULT_TENANT`]).
+    pub fn is_anonymous(&self) -> bool {
+        &*self.tenant == DEFAULT_TENANT
+    }
+}
+
 /// Where a request stands: restored as it was when a requeued request comes back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Place {
@@ -122,7 +130,8 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct TenantState {
-    queued: usize,
+    /// The tenant's waiting requests in this class: arrival order → start tag.
+    queued: BTreeMap<u64, u64>,
     finish: u64,
 }
 
@@ -153,7 +162,7 @@ impl Class {
             .insert((p.tag, p.seq), id);
         self.by_age.insert((p.class_since, p.seq), id);
         let state = self.tenants.entry(e.tenant.clone()).or_default();
-        state.queued += 1;
+        state.queued.insert(p.seq, p.tag);
         state.finish = state.finish.max(p.tag + SCALE / u64::from(e.weight.max(1)));
         self.len += 1;
     }
@@ -168,8 +177,8 @@ impl Class {
         }
         self.by_age.remove(&(p.class_since, p.seq));
         if let Some(state) = self.tenants.get_mut(&e.tenant) {
-            state.queued -= 1;
-            if state.queued == 0 {
+            state.queued.remove(&p.seq);
+            if state.queued.is_empty() {
                 // Nothing banked: the next arrival starts at the class clock anyway
                 // unless its finish tag is still ahead, which matters only while queued.
                 self.tenants.remove(&e.tenant);
@@ -351,7 +360,16 @@ impl FairQueue {
         let from = entry.place.class;
         self.classes[from.index()].remove(&entry);
         let to = from.up();
-        let tag = self.classes[to.index()].stamp(&entry.tenant, entry.weight);
+        let class = &mut self.classes[to.index()];
+        let stamped = class.stamp(&entry.tenant, entry.weight);
+        // It arrived before the tenant's requests that came later straight into this
+        // class: it goes before them (a tie in tag is broken by arrival), not behind.
+        let later = class
+            .tenants
+            .get(&entry.tenant)
+            .and_then(|t| t.queued.range(entry.place.seq + 1..).next())
+            .map(|(_, tag)| *tag);
+        let tag = later.map_or(stamped, |later| later.min(stamped));
         entry.place = Place {
             class: to,
             tag,
@@ -491,6 +509,19 @@ mod tests {
         let at20 = t + Duration::from_secs(20);
         assert_eq!(q.take_for(|_| true, |_| true, at20).map(|x| x.0), Some(1));
         assert_eq!(q.position(4), Some(0));
+    }
+
+    #[test]
+    fn an_aged_request_goes_before_its_tenants_later_arrivals() {
+        let t = Instant::now();
+        let mut q = FairQueue::new(Some(Duration::from_secs(10)));
+        q.push(1, msg("m"), &who("a", Priority::Low, 1), t);
+        let later = t + Duration::from_secs(5);
+        q.push(2, msg("m"), &who("a", Priority::Normal, 1), later);
+        q.push(3, msg("m"), &who("a", Priority::Normal, 1), later);
+        // At 11 s the low request is normal: it waited longest, so it leaves first.
+        let at11 = t + Duration::from_secs(11);
+        assert_eq!(take_all(&mut q, at11), vec![1, 2, 3]);
     }
 
     #[test]

@@ -38,7 +38,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
+    HeaderMap, RegisterAck, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage,
+    WorkerMessage,
 };
 use crate::server::fingerprint::Fingerprints;
 pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
@@ -67,14 +68,18 @@ pub fn parse_request_id(wire: &str) -> Option<RequestId> {
 /// Tunables, mostly from the environment.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Requests that may wait (0: no cap; `MAX_CONNECTIONS` still bounds them).
     pub max_queue_len: usize,
+    /// Longest wait in the queue (zero: no limit).
     pub queue_timeout: Duration,
+    /// Longest wait for the answer to start and between chunks (zero: no limit).
     pub request_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
     pub max_requeues: u32,
     pub max_models_per_worker: usize,
-    /// Requests one tenant may have waiting (`MAX_QUEUE_PER_TENANT`).
+    /// Requests one named tenant may have waiting (`MAX_QUEUE_PER_TENANT`; 0: no cap).
+    /// The anonymous tenant of a relay nobody divided is held to `max_queue_len` only.
     pub max_queue_per_tenant: usize,
     /// Wait after which a queued request moves up one priority class.
     pub priority_aging: Duration,
@@ -86,6 +91,30 @@ pub struct Config {
     /// How long a request may wait for its full cached worker (`AFFINITY_WAIT_MS`; zero:
     /// never).
     pub affinity_wait: Duration,
+}
+
+/// What a zero timeout stands for: far enough to never come, near enough that adding it
+/// to an `Instant` cannot overflow.
+const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+impl Config {
+    /// How long a request may wait in the queue (`QUEUE_TIMEOUT_SECS=0`: for ever).
+    pub fn queue_limit(&self) -> Duration {
+        or_never(self.queue_timeout)
+    }
+
+    /// How long an answer may take to start, or pause (`REQUEST_TIMEOUT_SECS=0`: for ever).
+    pub fn request_limit(&self) -> Duration {
+        or_never(self.request_timeout)
+    }
+}
+
+fn or_never(limit: Duration) -> Duration {
+    if limit.is_zero() {
+        NEVER
+    } else {
+        limit
+    }
 }
 
 /// `AFFINITY_WAIT_MS` unless set: measured with `make bench-affinity` (see docs/proving.md).
@@ -173,6 +202,8 @@ pub enum ClientEvent {
     /// Still waiting (only for requests that asked for progress): how many go
     /// before it and a guess of the wait left.
     Queued { position: usize, eta_ms: u64 },
+    /// The backend's headers of a streamed answer, before its first chunk.
+    Head(HeaderMap),
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
     /// The worker finished; final.
@@ -305,6 +336,9 @@ struct Request {
     requeues: u32,
     /// Workers this request failed on before their backend answered (failover).
     failed_on: Vec<WorkerId>,
+    /// The backend's own answer from the last attempt that failed over with one: the
+    /// client gets it if no later attempt gets an answer of its own.
+    last_answer: Option<ResponseComplete>,
     stage: Stage,
     /// When the request times out (queue wait, or silence while in flight).
     deadline: Instant,

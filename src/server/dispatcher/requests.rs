@@ -52,7 +52,7 @@ impl Dispatcher {
             let model = msg.model.clone();
             return self.fail(id, Failure::ModelNotFound { model, available });
         }
-        let queue_deadline = now + self.cfg.queue_timeout;
+        let queue_deadline = now + self.cfg.queue_limit();
         let request = Request {
             msg,
             who,
@@ -66,6 +66,7 @@ impl Dispatcher {
             progress_at: None,
             requeues: 0,
             failed_on: Vec::new(),
+            last_answer: None,
             stage: Stage::Queued,
             deadline: queue_deadline,
             timer_at: queue_deadline,
@@ -112,11 +113,15 @@ impl Dispatcher {
         self.enqueue(id, now);
     }
 
-    /// Whether a request that must wait may join the queue: its tenant's share first,
-    /// then the whole queue.
+    /// Whether a request that must wait may join the queue: a named tenant's share
+    /// first, then the whole queue. The anonymous tenant has no share of its own: on a
+    /// relay nobody divided it is everyone, and gets the whole queue. Zero: no cap.
     fn admission(&self, req: &Request, now: Instant) -> Option<Failure> {
         let tenant = &req.who.tenant;
-        if self.queue.tenant_len(tenant) >= self.cfg.max_queue_per_tenant {
+        let capped = |len: usize, cap: usize| cap != 0 && len >= cap;
+        if !req.who.is_anonymous()
+            && capped(self.queue.tenant_len(tenant), self.cfg.max_queue_per_tenant)
+        {
             warn!(
                 "tenant {tenant} has {} waiting: request {} rejected",
                 self.queue.tenant_len(tenant),
@@ -124,7 +129,7 @@ impl Dispatcher {
             );
             return Some(Failure::TenantQueueFull(self.backpressure(now)));
         }
-        if self.queue.len() >= self.cfg.max_queue_len {
+        if capped(self.queue.len(), self.cfg.max_queue_len) {
             warn!(
                 "queue full ({} waiting): request {} rejected",
                 self.queue.len(),
@@ -200,7 +205,11 @@ impl Dispatcher {
     /// A model nobody advertised for a whole queue-timeout window (after the server has
     /// been up that long) fails fast instead of waiting in the queue.
     pub(super) fn model_is_unknown(&self, model: &str, now: Instant) -> bool {
-        let window = self.cfg.queue_timeout;
+        // With no queue timeout a model nobody ever served still fails fast, not never.
+        let window = match self.cfg.queue_timeout {
+            limit if limit.is_zero() => super::Config::default().queue_timeout,
+            limit => limit,
+        };
         if now.saturating_duration_since(self.started) <= window || self.registry.advertises(model)
         {
             return false;
@@ -290,7 +299,7 @@ impl Dispatcher {
         };
         w.in_flight.insert(id);
         let old = req.timer_at;
-        req.deadline = now + self.cfg.request_timeout;
+        req.deadline = now + self.cfg.request_limit();
         req.timer_at = req.deadline;
         req.stage = Stage::InFlight {
             worker,
@@ -440,6 +449,19 @@ impl Dispatcher {
         self.actions.push(Action::ToClient(id, event));
     }
 
+    /// How a request that failed ends: with the backend answer an earlier attempt got,
+    /// when there was one (the relay's own errors are for failures no backend answered).
+    pub(super) fn answer_or(&mut self, id: RequestId, failure: Failure) -> ClientEvent {
+        match self
+            .requests
+            .get_mut(&id)
+            .and_then(|r| r.last_answer.take())
+        {
+            Some(answer) => ClientEvent::Complete(answer),
+            None => ClientEvent::Failed(failure),
+        }
+    }
+
     /// Fails a request that holds no worker slot (rejected, queued, or shutting down).
     pub(super) fn fail(&mut self, id: RequestId, failure: Failure) {
         self.counters.failed(&failure);
@@ -513,8 +535,11 @@ impl Dispatcher {
                 };
                 info!("request {wire} failed: {}", failure.code());
                 self.queue.remove(id);
+                match self.answer_or(id, failure) {
+                    ClientEvent::Failed(failure) => self.fail(id, failure),
+                    answer => self.reply(id, answer),
+                }
                 self.requests.remove(&id);
-                self.fail(id, failure);
             }
             Stage::InFlight { worker, .. } => {
                 let wire = req.msg.request_id.clone();
@@ -531,7 +556,8 @@ impl Dispatcher {
                         reason: CancelReason::Timeout,
                     },
                 ));
-                self.finish(id, ClientEvent::Failed(Failure::RequestTimeout), now);
+                let event = self.answer_or(id, Failure::RequestTimeout);
+                self.finish(id, event, now);
             }
         }
     }

@@ -522,6 +522,8 @@ fn worker_error_fails_only_that_request() {
             message: "down".into(),
             status_code: None,
             retryable: None,
+            headers: Default::default(),
+            body: None,
         },
     );
     assert_eq!(
@@ -977,6 +979,8 @@ fn retryable_error(id: RequestId) -> WorkerMessage {
         message: "connection refused".into(),
         status_code: Some(502),
         retryable: Some(true),
+        headers: Default::default(),
+        body: None,
     }
 }
 
@@ -1095,6 +1099,8 @@ fn no_failover_after_a_byte_or_for_an_original_workers_error() {
         message: "refused".into(),
         status_code: Some(502),
         retryable: None,
+        headers: Default::default(),
+        body: None,
     };
     let on = if h
         .d
@@ -1384,3 +1390,5 @@ fn a_worker_whose_requests_time_out_is_ejected() {
         .get(2)
         .is_some_and(|w| w.in_flight.contains(&11)));
 }
+
+mod contract;

@@ -8,7 +8,9 @@ use super::{
     sanitize_models, unix_ms, Action, ClientEvent, Dispatcher, DrainState, Failure, Phase,
     RegisterAck, RequestId, Stage, Timer, Worker, WorkerId,
 };
-use crate::protocol::{self, ModelInfoMap, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::protocol::{
+    self, ModelInfoMap, RegisterMessage, ResponseComplete, ServerMessage, WorkerMessage,
+};
 
 /// A request is dispatched at most this often (first try plus failovers and requeues).
 const MAX_ATTEMPTS: usize = 3;
@@ -47,6 +49,7 @@ impl Dispatcher {
             protocol::FEATURE_WORKER_DRAIN,
             protocol::FEATURE_BACKEND_HEALTH,
             protocol::FEATURE_FAILOVER,
+            protocol::FEATURE_RESPONSE_HEAD,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -126,6 +129,19 @@ impl Dispatcher {
             WorkerMessage::ResponseChunk { request_id, chunk } => {
                 self.on_chunk(worker, &request_id, chunk, now)
             }
+            WorkerMessage::ResponseHead {
+                request_id,
+                headers,
+                ..
+            } => {
+                if let Some(id) = self.in_flight_on(worker, &request_id) {
+                    let untold = self
+                        .requests
+                        .get_mut(&id)
+                        .and_then(|r| r.untold_dispatch.take());
+                    self.reply_after(id, untold, ClientEvent::Head(headers));
+                }
+            }
             WorkerMessage::ResponseComplete(rc) => {
                 if let Some(id) = self.in_flight_on(worker, &rc.request_id) {
                     debug!(
@@ -142,6 +158,8 @@ impl Dispatcher {
                 message,
                 status_code,
                 retryable,
+                headers,
+                body,
             } => {
                 let Some(wire) = request_id else {
                     warn!("worker {name} reported: {code}: {message}");
@@ -149,7 +167,20 @@ impl Dispatcher {
                 };
                 if let Some(id) = self.in_flight_on(worker, &wire) {
                     self.note_outcome(worker, status_code.is_none_or(|s| s >= 500), now);
+                    // The backend's own answer, when the worker sent it along.
+                    let answer =
+                        body.zip(status_code)
+                            .map(|(body, status_code)| ResponseComplete {
+                                request_id: wire.clone(),
+                                status_code,
+                                headers,
+                                body: Some(body),
+                                token_counts: None,
+                            });
                     if retryable == Some(true) && self.fail_over(id, worker, &code, now) {
+                        if let (Some(req), Some(answer)) = (self.requests.get_mut(&id), answer) {
+                            req.last_answer = Some(answer);
+                        }
                         return;
                     }
                     info!("request {wire} failed on worker {name}: {code}: {message}");
@@ -158,7 +189,12 @@ impl Dispatcher {
                         code,
                         message,
                     };
-                    self.finish(id, ClientEvent::Failed(failure), now);
+                    // A backend answered: the client gets that answer, not ours.
+                    let event = match answer {
+                        Some(answer) => ClientEvent::Complete(answer),
+                        None => self.answer_or(id, failure),
+                    };
+                    self.finish(id, event, now);
                 }
             }
             WorkerMessage::Pong { current_load, .. } => {
@@ -208,7 +244,7 @@ impl Dispatcher {
             *streamed = true;
         }
         // Every chunk restarts the silence timer; the timer entry is moved lazily.
-        req.deadline = now + self.cfg.request_timeout;
+        req.deadline = now + self.cfg.request_limit();
         let untold = req.untold_dispatch.take();
         self.reply_after(id, untold, ClientEvent::Chunk(chunk));
     }
@@ -341,7 +377,8 @@ impl Dispatcher {
             || self.phase != Phase::Running
         {
             info!("request {wire} failed: requeue exhausted");
-            self.finish(id, ClientEvent::Failed(Failure::RequeueExhausted), now);
+            let event = self.answer_or(id, Failure::RequeueExhausted);
+            self.finish(id, event, now);
         } else if let Some(req) = self.requests.get_mut(&id) {
             req.requeues += 1;
             self.counters.requeued += 1;

@@ -167,14 +167,33 @@ fn only_failures_without_an_answer_count_as_connection_failures() {
 }
 
 #[test]
-fn a_503_body_is_kept_short_for_the_error_message() {
-    let long = "é".repeat(2000);
-    let outcome = unavailable(503, long.as_bytes(), &Handle::default());
-    let Outcome::Unavailable { status, body } = outcome else {
-        panic!("{outcome:?}")
+fn a_503_answer_is_kept_whole_unless_too_large() {
+    let answer = r#"{"error":{"message":"model overloaded"}}"#;
+    let headers: HeaderMap = [("content-type".to_string(), "application/json".to_string())].into();
+    let outcome = unavailable(
+        503,
+        headers.clone(),
+        answer.as_bytes(),
+        1024,
+        &Handle::default(),
+    );
+    let expected = Outcome::Unavailable {
+        status: 503,
+        headers,
+        body: Some(answer.to_string()),
     };
-    assert_eq!(status, 503);
-    assert_eq!(body.chars().count(), UNAVAILABLE_BODY_CHARS);
+    assert_eq!(outcome, expected);
+    let outcome = unavailable(
+        503,
+        HeaderMap::new(),
+        answer.as_bytes(),
+        8,
+        &Handle::default(),
+    );
+    assert!(
+        matches!(outcome, Outcome::Unavailable { body: None, .. }),
+        "{outcome:?}"
+    );
 }
 
 #[test]

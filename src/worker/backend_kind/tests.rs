@@ -243,3 +243,11 @@ fn only_a_request_for_an_unloaded_model_asks_for_a_recheck() {
         "one pending re-check at most"
     );
 }
+
+#[test]
+fn a_router_is_told_apart() {
+    assert!(is_llama_router_props(
+        r#"{"role":"router","build_info":"b7000"}"#
+    ));
+    assert!(!is_llama_router_props(LLAMA_PROPS));
+}
