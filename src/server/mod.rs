@@ -17,6 +17,10 @@ mod api;
 pub mod auth;
 pub mod body;
 pub mod config;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
+#[cfg(not(feature = "dashboard"))]
+#[path = "dashboard_off.rs"]
 pub mod dashboard;
 pub mod dispatcher;
 pub mod errors;
@@ -26,6 +30,7 @@ pub mod http;
 pub mod keys;
 pub mod lifecycle;
 pub mod metrics;
+#[cfg(feature = "moe")]
 pub mod moe;
 pub mod ollama;
 pub mod ops;
@@ -193,6 +198,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
             .stack_size(THREAD_STACK)
             .spawn(move || usage::stream::run_publisher(hub, inputs, journal, shared))?;
     }
+    #[cfg(feature = "dashboard")]
     {
         let ctx = ctx.clone();
         std::thread::Builder::new()
