@@ -17,14 +17,23 @@ STATIC_FLAGS = $(if $(findstring musl,$(TARGET)),-C target-feature=+crt-static,)
 BINS = $(if $(findstring windows,$(TARGET)),modelrelay-worker,modelrelay-server modelrelay-worker)
 EXE = $(if $(findstring windows,$(TARGET)),.exe,)
 # Extra cargo features, e.g. `make static FEATURES=server-tls` for built-in server HTTPS;
-# `NO_TLS=1` builds without any TLS (the smallest binaries).
+# `NO_TLS=1` builds without any TLS. `FEATURES=minimal` is the router build: the default
+# without the dashboard, op-token governance and the moe ensemble (the worker keeps
+# wss://; with NO_TLS=1 too it has no TLS either: the smallest binaries).
 FEATURES ?=
 NO_TLS ?=
-FEATURE_FLAGS = $(if $(NO_TLS),--no-default-features,) $(if $(FEATURES),--features $(FEATURES),)
+# The default features other than TLS (what NO_TLS=1 keeps).
+APP_FEATURES = dashboard,governance,moe
+MINIMAL = $(filter minimal,$(subst $(comma), ,$(FEATURES)))
+EXTRA_FEATURES = $(subst $(space),$(comma),$(strip $(filter-out minimal,$(subst $(comma), ,$(FEATURES)))))
+FEATURE_FLAGS = $(if $(MINIMAL),--no-default-features $(call features,$(if $(NO_TLS),,tls) $(EXTRA_FEATURES)),\
+  $(if $(NO_TLS),--no-default-features --features $(APP_FEATURES),) $(if $(FEATURES),--features $(FEATURES),))
+space = $(empty) $(empty)
+features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))),)
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -35,20 +44,25 @@ release:
 # Stripped, fully static binaries for routers, NAS boxes and home-lab servers
 # (target/$(TARGET)/release/).
 static:
-	@if [ -n "$(NO_TLS)" ] && [ -n "$(FEATURES)" ]; then echo "NO_TLS=1 and FEATURES=$(FEATURES) contradict each other" >&2; exit 2; fi
+	@if [ -n "$(NO_TLS)" ] && [ -n "$(FEATURES)" ] && [ -z "$(MINIMAL)" ]; then echo "NO_TLS=1 and FEATURES=$(FEATURES) contradict each other" >&2; exit 2; fi
 	RUSTFLAGS="$(STATIC_FLAGS)" contrib/cross/cargo.sh $(TARGET) build --release $(addprefix --bin ,$(BINS)) $(FEATURE_FLAGS)
 	@for b in $(BINS); do \
-	  f=target/$(TARGET)/release/$$b$(EXE); \
+	  f=$(or $(CARGO_TARGET_DIR),target)/$(TARGET)/release/$$b$(EXE); \
 	  printf '%-22s %8d bytes  %s\n' $$b$(EXE) $$(stat -c %s $$f) "$$(file -b $$f 2>/dev/null | cut -d, -f1-2)"; \
 	done
+
+# The stripped static binaries of every build (default, FEATURES=minimal, NO_TLS=1,
+# FEATURES=server-tls) for TARGET, their sizes and the x86_64 size budgets (fails when over).
+size:
+	contrib/size.sh $(TARGET)
 
 # Release tarballs for every DIST_TARGETS entry (binaries, man pages, systemd units, OpenWrt
 # scripts, examples, README, docs, LICENSE) and dist/SHA256SUMS. NO_TLS=1 / FEATURES=... as for
 # `make static` (the tarball names say so).
 dist:
-	@if [ -n "$(NO_TLS)" ] && [ -n "$(FEATURES)" ]; then echo "NO_TLS=1 and FEATURES=$(FEATURES) contradict each other" >&2; exit 2; fi
+	@if [ -n "$(NO_TLS)" ] && [ -n "$(FEATURES)" ] && [ -z "$(MINIMAL)" ]; then echo "NO_TLS=1 and FEATURES=$(FEATURES) contradict each other" >&2; exit 2; fi
 	@for t in $(DIST_TARGETS); do $(MAKE) --no-print-directory static TARGET=$$t || exit 1; done
-	contrib/dist.sh --out dist $(if $(NO_TLS),--variant notls,) $(if $(FEATURES),--variant $(subst $(comma),+,$(FEATURES)),) $(DIST_TARGETS)
+	contrib/dist.sh --out dist $(if $(FEATURES)$(NO_TLS),--variant $(subst $(comma),+,$(FEATURES))$(if $(and $(FEATURES),$(NO_TLS)),+,)$(if $(NO_TLS),notls,),) $(DIST_TARGETS)
 
 # Starts a relay, a worker and a demo backend on 127.0.0.1 (see README).
 run:

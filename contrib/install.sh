@@ -18,7 +18,7 @@
 #   --destdir DIR     write every file under DIR instead of / (packaging, tests); the user
 #                     is still created on this machine unless --no-user
 #   --arch ARCH       machine architecture instead of `uname -m`
-#   --variant NAME    pick the NAME build (notls, server-tls) instead of the default one
+#   --variant NAME    pick the NAME build (minimal, notls, minimal+notls, server-tls) instead of the default one
 #   --init KIND       systemd, openwrt or none (default: openwrt when /etc/openwrt_release
 #                     exists, otherwise systemd)
 #   --user NAME       system user (default modelrelay); --no-user to create none

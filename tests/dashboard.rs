@@ -2,6 +2,7 @@
 //! check on every action, the security headers, no data without a session, the live
 //! feed (and its end at sign-out), and worker downloads from `WORKER_DOWNLOAD_DIR`.
 //! The pages themselves are exercised in a real browser by `tests/browser/`.
+#![cfg(feature = "dashboard")]
 
 mod common;
 

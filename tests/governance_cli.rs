@@ -1,5 +1,6 @@
 //! `modelrelay-server sign-op-token`: tokens minted by the built binary verify with the
 //! library's governance gate (shared key and per-signer keys), and bad arguments exit 2.
+#![cfg(feature = "governance")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

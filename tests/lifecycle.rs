@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use common::*;
 use modelrelay::protocol::lifecycle::OperationKind;
 use modelrelay::protocol::ServerMessage;
+#[cfg(feature = "governance")]
 use modelrelay::server::lifecycle::governance::{self, mint, KeySet, OpToken};
 use serde_json::{json, Value};
 
@@ -235,6 +236,7 @@ fn unload_and_flush_answer_when_done_and_refusals_name_the_cause() {
 }
 
 #[test]
+#[cfg(feature = "governance")]
 fn op_tokens_govern_operations_and_are_used_once() {
     let dir = std::env::temp_dir().join(format!("mr-lifecycle-gov-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -3,6 +3,7 @@
 //! built from the drafts, and the client gets one ordinary chat completion from
 //! `moe-m`. Each phase's requests are all collected before any is answered, which shows
 //! they were submitted together.
+#![cfg(feature = "moe")]
 
 mod common;
 

@@ -407,3 +407,16 @@ fn an_idle_connection_does_not_block_anyone() {
     };
     assert_eq!(server.health()["status"], "ok");
 }
+
+/// A build without the dashboard (`make static FEATURES=minimal`) says so on its paths
+/// rather than answering a bare 404 (runs in builds without the `dashboard` feature).
+#[cfg(not(feature = "dashboard"))]
+#[test]
+fn dashboard_left_out_of_the_build_says_so() {
+    let server = TestServer::start();
+    for path in ["/dashboard", "/setup", "/dashboard/events"] {
+        let r = request(server.addr, "GET", path, None, &[]);
+        assert_eq!(r.status, 404, "{path}");
+        assert_eq!(r.json()["error"]["code"], "dashboard_not_built", "{path}");
+    }
+}

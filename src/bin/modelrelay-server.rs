@@ -5,6 +5,7 @@
 
 use std::process::ExitCode;
 
+#[cfg(feature = "governance")]
 use modelrelay::server::lifecycle::governance::mint;
 use modelrelay::server::{self, config, ServerConfig};
 use modelrelay::{cli, signals};
@@ -48,7 +49,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// `modelrelay-server sign-op-token` in a build without op tokens: says so (exit 2).
+#[cfg(not(feature = "governance"))]
+fn sign_op_token() -> ExitCode {
+    cli::bad_config(
+        &format!("{NAME} sign-op-token"),
+        modelrelay::server::lifecycle::governance::NOT_BUILT,
+    )
+}
+
 /// `modelrelay-server sign-op-token ...`: prints a signed token (or its help).
+#[cfg(feature = "governance")]
 fn sign_op_token() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(2).collect();
     let now = std::time::SystemTime::now()

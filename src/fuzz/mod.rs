@@ -372,10 +372,14 @@ pub fn utf8_carry(data: &[u8]) {
 
 pub fn op_token(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    use crate::server::lifecycle::governance::{token, Operation};
-    let _ = token::SignedToken::parse(&text);
-    let _ = token::decode_signature(&text);
-    let _ = token::valid_name(&text);
+    use crate::server::lifecycle::governance::Operation;
+    #[cfg(feature = "governance")]
+    {
+        use crate::server::lifecycle::governance::token;
+        let _ = token::SignedToken::parse(&text);
+        let _ = token::decode_signature(&text);
+        let _ = token::valid_name(&text);
+    }
     let _ = Operation::parse(&text);
     let _ = crate::rfc3339::parse(&text);
 }

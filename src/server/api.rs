@@ -4,17 +4,20 @@
 use std::sync::Arc;
 
 use super::auth::authorize_client;
+#[cfg(feature = "moe")]
 use super::body::inspect_body;
 use super::dispatcher::wire_request_id;
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::lifecycle::routes as lifecycle;
+#[cfg(feature = "moe")]
+use super::moe;
 use super::ollama::routes as ollama;
 use super::ollama::translate::Endpoint;
 use super::relay;
 use super::reply::{self, write_error};
 use super::tenancy::identity::identify;
-use super::{dashboard, moe, ops, status, usage, worker_socket, Ctx};
+use super::{dashboard, ops, status, usage, worker_socket, Ctx};
 
 /// `GET /v1/models/load/{taskId}`.
 const TASK_PREFIX: &str = "/v1/models/load/";
@@ -49,6 +52,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
         ("POST", path) if RELAYED_ROUTES.contains(&path) => {
             match authorize_client(ctx, &req, peer.ip()) {
                 Ok(caller) => match identify(&req, caller.clone(), ctx.gate.policy()) {
+                    #[cfg(feature = "moe")]
                     Ok(caller) if ctx.cfg.moe_enabled && path == moe::ROUTE => {
                         match inspect_body(&req.body) {
                             Ok(info) if moe::requested(&info.model) => {

@@ -371,7 +371,7 @@ impl ServerConfig {
             )
             .map_err(ConfigError)?,
             metrics_max_tenants: s.number("metrics-max-tenants", 100)?,
-            moe_enabled: s.flag_bool("moe-enabled")?,
+            moe_enabled: moe_enabled(s)?,
             governance: governance_config(s)?,
             public_url: public_url(s)?,
             worker_download_dir: s.get("worker-download-dir").map(Into::into),
@@ -423,6 +423,17 @@ fn fits_one_message(max_body: usize, max_message: usize) -> Result<(), ConfigErr
         "MAX_REQUEST_BODY_BYTES ({max_body}) plus 1 MiB for headers must fit in \
          MAX_WS_MESSAGE_BYTES ({max_message}): a body is sent to a worker in one message"
     )))
+}
+
+/// `MOE_ENABLED=true` in a build without the `moe` feature is refused, not ignored.
+fn moe_enabled(s: &Settings) -> Result<bool, ConfigError> {
+    let on = s.flag_bool("moe-enabled")?;
+    if on && !cfg!(feature = "moe") {
+        return Err(ConfigError(
+            "MOE_ENABLED: this build has no multiple-opinions ensemble (rebuild with the `moe` feature, which the default build has)".into(),
+        ));
+    }
+    Ok(on)
 }
 
 fn governance_config(s: &Settings) -> Result<governance::Config, ConfigError> {
@@ -544,5 +555,31 @@ mod tests {
             panic!("IDLE_TIMEOUT_SECS=0 accepted");
         };
         assert!(e.0.contains("IDLE_TIMEOUT_SECS"), "{}", e.0);
+    }
+
+    /// A setting of a part the build left out refuses to start and names the feature;
+    /// in a build with the part it is accepted.
+    #[test]
+    fn settings_of_parts_left_out_of_the_build_are_refused() {
+        let cfg = |pair: (&'static str, &str)| {
+            ServerConfig::from_settings(&Settings::from_pairs(&[("worker-secret", "s"), pair]))
+        };
+        let moe = cfg(("moe-enabled", "true"));
+        match moe {
+            Ok(c) => assert!(cfg!(feature = "moe") && c.moe_enabled),
+            Err(e) => assert!(
+                !cfg!(feature = "moe") && e.0.contains("`moe` feature"),
+                "{e}"
+            ),
+        }
+        let key = std::env::temp_dir().join("mr-config-no-such-key");
+        let gov = cfg(("verified-op-token-key-path", key.to_str().unwrap_or("k")));
+        match gov {
+            Ok(c) => assert!(cfg!(feature = "governance") && c.governance.key_path.is_some()),
+            Err(e) => assert!(
+                !cfg!(feature = "governance") && e.0.contains("`governance` feature"),
+                "{e}"
+            ),
+        }
     }
 }

@@ -18,6 +18,10 @@ pub mod auth;
 pub mod body;
 pub mod client_ip;
 pub mod config;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
+#[cfg(not(feature = "dashboard"))]
+#[path = "dashboard_off.rs"]
 pub mod dashboard;
 pub mod dispatcher;
 pub mod errors;
@@ -28,6 +32,7 @@ pub mod keys;
 pub mod lifecycle;
 pub mod logsafe;
 pub mod metrics;
+#[cfg(feature = "moe")]
 pub mod moe;
 pub mod ollama;
 pub mod ops;
@@ -197,6 +202,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
             .stack_size(THREAD_STACK)
             .spawn(move || usage::stream::run_publisher(hub, inputs, journal, shared))?;
     }
+    #[cfg(feature = "dashboard")]
     {
         let ctx = ctx.clone();
         std::thread::Builder::new()

@@ -47,23 +47,38 @@
 //! or the token object itself). For `cache-flush` the token's `modelId` names the flush
 //! target ([`flush_target`]) so a token for one tenant cannot flush everything.
 
+// Without the `governance` feature (the router build) only the admin token governs:
+// the token parser, the signature check and the replay store are not compiled, and
+// `VERIFIED_OP_TOKEN_KEY_PATH` refuses to start ([`NOT_BUILT`]).
+#[cfg(feature = "governance")]
 mod encoding;
+#[cfg(feature = "governance")]
 pub mod keys;
+#[cfg(feature = "governance")]
 pub mod mint;
 mod refusal;
+#[cfg(feature = "governance")]
 pub mod replay;
+#[cfg(feature = "governance")]
 pub mod token;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "governance"))]
 mod tests;
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "governance")]
 pub use keys::{Key, KeySet};
 pub use refusal::Refusal;
+#[cfg(feature = "governance")]
 pub use replay::NonceStore;
+#[cfg(feature = "governance")]
 pub use token::{OpToken, Signatures, SignedToken, SignerSignature};
+
+/// Why a build without the `governance` feature refuses `VERIFIED_OP_TOKEN_KEY_PATH`
+/// and `sign-op-token`.
+pub const NOT_BUILT: &str = "this build has no op-token governance (built without the `governance` feature, which the default build has); lifecycle calls take the admin token";
 
 /// How far `issuedAt` may be from the clock, either way.
 pub const WINDOW_SECS: u64 = 300;
@@ -155,6 +170,9 @@ impl Config {
         signers: Option<&str>,
         min_signers: usize,
     ) -> Result<Config, String> {
+        if key_path.is_some() && !cfg!(feature = "governance") {
+            return Err(format!("VERIFIED_OP_TOKEN_KEY_PATH: {NOT_BUILT}"));
+        }
         if require_op_token && key_path.is_none() {
             return Err("REQUIRE_OP_TOKEN=true needs VERIFIED_OP_TOKEN_KEY_PATH".into());
         }
@@ -165,6 +183,7 @@ impl Config {
             .filter(|s| !s.is_empty())
             .map(str::to_string)
             .collect();
+        #[cfg(feature = "governance")]
         if let Some(bad) = signers.iter().find(|s| !token::valid_name(s)) {
             return Err(format!(
                 "GOVERNANCE_SIGNERS: `{bad}` is not a valid signer name ([A-Za-z0-9._-], not starting with `.`)"
@@ -200,14 +219,26 @@ pub enum Authorized {
 
 /// The governance gate, shared by the lifecycle routes.
 pub struct Governance {
+    #[cfg_attr(not(feature = "governance"), allow(dead_code))]
     cfg: Config,
     /// Loaded when `VERIFIED_OP_TOKEN_KEY_PATH` is set, with the replay store.
+    #[cfg(feature = "governance")]
     tokens: Option<(KeySet, NonceStore)>,
 }
 
 impl Governance {
+    /// Without the `governance` feature: the admin token only; a key path is refused.
+    #[cfg(not(feature = "governance"))]
+    pub fn open(cfg: &Config, _state_dir: &Path, _now_unix: u64) -> Result<Governance, String> {
+        match cfg.key_path {
+            Some(_) => Err(format!("VERIFIED_OP_TOKEN_KEY_PATH: {NOT_BUILT}")),
+            None => Ok(Governance { cfg: cfg.clone() }),
+        }
+    }
+
     /// Loads the keys and opens the replay store in `state_dir` (only when a key path is
     /// configured). Errors are configuration problems, for start-up.
+    #[cfg(feature = "governance")]
     pub fn open(cfg: &Config, state_dir: &Path, now_unix: u64) -> Result<Governance, String> {
         let Some(path) = &cfg.key_path else {
             return Ok(Governance {
@@ -254,6 +285,23 @@ impl Governance {
         outcome
     }
 
+    #[cfg(not(feature = "governance"))]
+    fn decide(
+        &self,
+        _token: Option<&str>,
+        _operation: Operation,
+        _model: &str,
+        admin_token_ok: bool,
+        _now: u64,
+        _listed: &mut Vec<String>,
+    ) -> Result<Authorized, Refusal> {
+        if admin_token_ok {
+            return Ok(Authorized::AdminToken);
+        }
+        Err(Refusal::AdminTokenRequired)
+    }
+
+    #[cfg(feature = "governance")]
     fn decide(
         &self,
         token: Option<&str>,
@@ -292,6 +340,7 @@ impl Governance {
     }
 
     /// Every listed signer must be known; the verified ones must reach the minimum.
+    #[cfg(feature = "governance")]
     fn check_signers(
         &self,
         keys: &KeySet,
@@ -316,6 +365,7 @@ impl Governance {
     }
 }
 
+#[cfg(feature = "governance")]
 /// The signers vouched for by valid signatures: with a shared key every listed signer
 /// once its one signature verifies; with per-signer keys exactly those whose own
 /// signature verifies. `BadSignature` when none does.
@@ -353,6 +403,7 @@ fn verified_signers(keys: &KeySet, token: &SignedToken) -> Result<Vec<String>, R
     Ok(verified)
 }
 
+#[cfg(feature = "governance")]
 fn check_call(claims: &OpToken, operation: Operation, model: &str) -> Result<(), Refusal> {
     if Operation::parse(&claims.operation) != Some(operation) {
         return Err(Refusal::OperationMismatch {
@@ -369,6 +420,7 @@ fn check_call(claims: &OpToken, operation: Operation, model: &str) -> Result<(),
     Ok(())
 }
 
+#[cfg(feature = "governance")]
 /// `issuedAt` within [`WINDOW_SECS`] of `now`, both ways (exactly the limit passes).
 fn check_time(issued_at: u64, now: u64) -> Result<(), Refusal> {
     if issued_at > now.saturating_add(WINDOW_SECS) {
@@ -384,6 +436,7 @@ fn check_time(issued_at: u64, now: u64) -> Result<(), Refusal> {
     Ok(())
 }
 
+#[cfg(feature = "governance")]
 /// Start-up checks of the keys against the signer settings.
 fn check_keys(cfg: &Config, keys: &KeySet) -> Result<(), String> {
     match keys {
@@ -419,6 +472,7 @@ fn check_keys(cfg: &Config, keys: &KeySet) -> Result<(), String> {
     }
 }
 
+#[cfg(feature = "governance")]
 fn describe(keys: &KeySet) -> String {
     match keys {
         KeySet::Shared(_) => "one shared key".into(),

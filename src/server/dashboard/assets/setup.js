@@ -161,7 +161,9 @@
     $('run').replaceChildren(runPart(s));
     $('commands').hidden = false;
     startCheck(s.name);
-    $('h-commands').scrollIntoView({ behavior: 'smooth', block: 'start' });
+    // Smooth only for visitors who have not asked for less motion.
+    const still = window.matchMedia('(prefers-reduced-motion: reduce)').matches;
+    $('h-commands').scrollIntoView({ behavior: still ? 'auto' : 'smooth', block: 'start' });
   });
 
   // ---- the live check ----
@@ -190,44 +192,57 @@
 
   const failures = (snap) => (snap.stats.auth_failures && snap.stats.auth_failures.worker) || 0;
 
+  // The box is rebuilt only when what it says changes (a worker appears, its models or
+  // backend change, a refusal, the wait runs out); the seconds count in place. So a
+  // tick of the clock or a feed snapshot that changes nothing here replaces no element
+  // (a screen reader does not hear the box again, a selection in it survives).
+  function render(box, state, key, build) {
+    if (box.dataset.state === state && box.dataset.key === key) return;
+    box.className = 'check card ' + (state === 'connected' ? 'ok' : state === 'waiting' ? 'waiting' : 'warn');
+    box.dataset.state = state;
+    box.dataset.key = key;
+    box.replaceChildren(...build());
+  }
+
+  const secsSpan = () => el('span', { id: 'check-secs', 'aria-hidden': 'true' });
+
   function showCheck() {
     if (!chosen) return;
     const box = $('check');
     const worker = latest && latest.workers.find((w) => w.name === chosen);
     if (worker) {
-      box.className = 'check card ok';
-      box.dataset.state = 'connected';
       const models = worker.models.length ? worker.models.join(', ') : 'none yet (is the backend running?)';
-      const parts = [el('strong', { text: 'Connected: ' + chosen }), ' from ' + worker.remote_addr + '. Models: ',
-        el('span', { id: 'check-models', text: models }), '.'];
-      if (worker.backend_state !== 'up') parts.push(' Its backend is ' + worker.backend_state + (worker.backend_reason ? ': ' + worker.backend_reason : '') + '.');
-      parts.push(' ', el('a', { href: '/dashboard', text: 'See it on the dashboard' }), '.');
-      box.replaceChildren(...parts);
+      const key = JSON.stringify([chosen, worker.remote_addr, models, worker.backend_state, worker.backend_reason]);
+      render(box, 'connected', key, () => {
+        const parts = [el('strong', { text: 'Connected: ' + chosen }), ' from ' + worker.remote_addr + '. Models: ',
+          el('span', { id: 'check-models', text: models }), '.'];
+        if (worker.backend_state !== 'up') parts.push(' Its backend is ' + worker.backend_state + (worker.backend_reason ? ': ' + worker.backend_reason : '') + '.');
+        parts.push(' ', el('a', { href: '/dashboard', text: 'See it on the dashboard' }), '.');
+        return parts;
+      });
       return;
     }
     const secs = Math.floor((Date.now() - shownAt) / 1000);
     const refused = latest && baseline !== null ? failures(latest) - baseline : 0;
     if (refused > 0) {
-      box.className = 'check card warn';
-      box.dataset.state = 'wrong-secret';
-      box.replaceChildren(el('strong', { text: 'A worker was refused ' + refused + ' time(s) for a wrong secret. ' }),
-        'Check that WORKER_SECRET on the worker is exactly the server\'s (no quotes or spaces carried over), then restart it.');
+      render(box, 'wrong-secret', JSON.stringify([chosen, refused]), () => [
+        el('strong', { text: 'A worker was refused ' + refused + ' time(s) for a wrong secret. ' }),
+        'Check that WORKER_SECRET on the worker is exactly the server\'s (no quotes or spaces carried over), then restart it.']);
       return;
     }
     if (secs < WAIT_SECS) {
-      box.className = 'check card waiting';
-      box.dataset.state = 'waiting';
-      box.replaceChildren('Waiting for a worker named ', el('strong', { text: chosen }), ' to connect… (' + secs + ' s)');
-      return;
+      render(box, 'waiting', JSON.stringify([chosen, shownAt]), () => [
+        'Waiting for a worker named ', el('strong', { text: chosen }), ' to connect…', secsSpan()]);
+    } else {
+      render(box, 'nothing', JSON.stringify([chosen, shownAt]), () => [
+        el('strong', { text: 'Nothing from ' + chosen + ' so far.' }), secsSpan(), ' Still watching. Usual causes:',
+        el('ul', { class: 'causes' },
+          el('li', { text: 'The worker machine cannot reach ' + info.public_url + ' (firewall, wrong address or port; try curl ' + info.public_url + '/health from it).' }),
+          el('li', { text: 'A reverse proxy in front of the relay does not pass WebSocket upgrades on /v1/worker/connect.' }),
+          el('li', { text: 'The worker is not running or exited: look at its output (journalctl -u modelrelay-worker@' + chosen + ').' }),
+          el('li', { text: 'WORKER_NAME on the worker differs from ' + chosen + '.' }))]);
     }
-    box.className = 'check card warn';
-    box.dataset.state = 'nothing';
-    box.replaceChildren(el('strong', { text: 'Nothing from ' + chosen + ' after ' + secs + ' s.' }), ' Still watching. Usual causes:',
-      el('ul', { class: 'causes' },
-        el('li', { text: 'The worker machine cannot reach ' + info.public_url + ' (firewall, wrong address or port; try curl ' + info.public_url + '/health from it).' }),
-        el('li', { text: 'A reverse proxy in front of the relay does not pass WebSocket upgrades on /v1/worker/connect.' }),
-        el('li', { text: 'The worker is not running or exited: look at its output (journalctl -u modelrelay-worker@' + chosen + ').' }),
-        el('li', { text: 'WORKER_NAME on the worker differs from ' + chosen + '.' })));
+    setText($('check-secs'), ' (' + secs + ' s)');
   }
 
   // ---- start ----
