@@ -117,6 +117,30 @@ pub const OPTIONS: &[Opt] = &[
         help: "days of hourly token usage kept in the usage journal (0: forever)",
     },
     Opt {
+        flag: "wake-timeout-secs",
+        env: "WAKE_TIMEOUT_SECS",
+        default: Some("120"),
+        help: "how long a request waits for a sleeping box it woke (Wake-on-LAN) before failing",
+    },
+    Opt {
+        flag: "wake-when-busy",
+        env: "WAKE_WHEN_BUSY",
+        default: Some("off"),
+        help: "on: also wake a sleeping box when every awake worker of the model is full and more than WAKE_QUEUE_DEPTH wait",
+    },
+    Opt {
+        flag: "wake-queue-depth",
+        env: "WAKE_QUEUE_DEPTH",
+        default: Some("4"),
+        help: "with WAKE_WHEN_BUSY: requests that must wait for a model before a sleeping box is woken",
+    },
+    Opt {
+        flag: "wake-from-relay",
+        env: "WAKE_FROM_RELAY",
+        default: Some("off"),
+        help: "on: the relay sends the magic packet itself (it sits on the boxes' LAN) instead of asking an awake worker",
+    },
+    Opt {
         flag: "tls-cert-file",
         env: "TLS_CERT_FILE",
         default: None,
@@ -297,6 +321,12 @@ impl ServerConfig {
             affinity_wait: std::time::Duration::from_millis(
                 s.number("affinity-wait-ms", dispatcher::DEFAULT_AFFINITY_WAIT_MS)?,
             ),
+            wake: dispatcher::WakeConfig {
+                timeout: s.secs("wake-timeout-secs", 120)?,
+                when_busy: s.flag_bool("wake-when-busy")?,
+                queue_depth: s.number("wake-queue-depth", 4)?,
+                from_relay: s.flag_bool("wake-from-relay")?,
+            },
         };
         if dispatch.heartbeat_interval.is_zero()
             || dispatch.heartbeat_timeout < dispatch.heartbeat_interval

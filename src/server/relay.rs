@@ -256,13 +256,26 @@ impl Session<'_, '_> {
                 ClientEvent::Queued { position, eta_ms } => {
                     self.push_progress(&mut buf, position, eta_ms);
                 }
+                ClientEvent::Waking { worker } => {
+                    let framing = self.open_stream(&mut buf);
+                    // A worker names itself: no line break may end the comment early.
+                    let name: String = worker
+                        .chars()
+                        .take(64)
+                        .map(|c| if c.is_control() { '?' } else { c })
+                        .collect();
+                    let note = format!(": waking {name}\n\n");
+                    response::push_chunk(&mut buf, note.as_bytes(), framing);
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
-                            ClientEvent::Dispatched { .. } | ClientEvent::Queued { .. } => {}
+                            ClientEvent::Dispatched { .. }
+                            | ClientEvent::Queued { .. }
+                            | ClientEvent::Waking { .. } => {}
                             other => {
                                 last = Some(other);
                                 break;
@@ -477,7 +490,12 @@ impl Session<'_, '_> {
                 self.push_stream_error(buf, framing, &e);
             }
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
-            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. }) => {}
+            (
+                _,
+                ClientEvent::Queued { .. }
+                | ClientEvent::Waking { .. }
+                | ClientEvent::Dispatched { .. },
+            ) => {}
         }
     }
 

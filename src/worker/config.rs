@@ -118,6 +118,30 @@ pub const OPTIONS: &[Opt] = &[
         default: Some("info"),
         help: "error, warn, info, debug or trace (RUST_LOG also works)",
     },
+    Opt {
+        flag: "wake-on-lan",
+        env: "WAKE_ON_LAN",
+        default: Some("off"),
+        help: "on: tell the relay this box's Wake-on-LAN address, so it is remembered asleep when it goes away and woken when needed",
+    },
+    Opt {
+        flag: "wake-mac",
+        env: "WAKE_MAC",
+        default: None,
+        help: "MAC address to wake this box at [default: the interface that routes to the relay] (implies WAKE_ON_LAN)",
+    },
+    Opt {
+        flag: "wake-broadcast",
+        env: "WAKE_BROADCAST",
+        default: None,
+        help: "broadcast address (IP or IP:port) the magic packet for this box goes to [default: that interface's LAN, port 9]",
+    },
+    Opt {
+        flag: "wake-peers",
+        env: "WAKE_PEERS",
+        default: Some("on"),
+        help: "on: send Wake-on-LAN packets to other boxes when the relay asks",
+    },
 ];
 
 /// Which models to advertise.
@@ -153,6 +177,8 @@ pub struct WorkerConfig {
     pub protocol_version: String,
     pub max_ws_message_bytes: usize,
     pub ca_file: Option<String>,
+    /// Wake-on-LAN and sleep settings (`worker/power/`).
+    pub power: super::power::PowerConfig,
 }
 
 impl WorkerConfig {
@@ -212,6 +238,7 @@ impl WorkerConfig {
             protocol_version: s.string("protocol-version", BRIDGE_PROTOCOL_VERSION),
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
             ca_file: s.get("ca-file").map(str::to_string),
+            power: super::power::PowerConfig::from_settings(s)?,
         })
     }
 }

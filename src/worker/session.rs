@@ -181,23 +181,26 @@ fn register_message(shared: &Shared) -> RegisterMessage {
     };
     let loaded_models = shared.residency.loaded_among(&models);
     let model_info = shared.residency.info_among(&models);
+    let mut features: Vec<String> = vec![
+        protocol::FEATURE_CANCEL_ACK.into(),
+        protocol::FEATURE_WORKER_DRAIN.into(),
+        protocol::FEATURE_FAILOVER.into(),
+        protocol::FEATURE_BACKEND_HEALTH.into(),
+        FEATURE_LIFECYCLE.into(),
+        protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
+    ];
+    features.extend(super::power::features(&shared.cfg.power));
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
         models,
         max_concurrent: shared.cfg.max_concurrency,
         protocol_version: Some(shared.cfg.protocol_version.clone()),
         current_load: Some(shared.inflight.len() as u32),
-        features: vec![
-            protocol::FEATURE_CANCEL_ACK.into(),
-            protocol::FEATURE_WORKER_DRAIN.into(),
-            protocol::FEATURE_FAILOVER.into(),
-            protocol::FEATURE_BACKEND_HEALTH.into(),
-            FEATURE_LIFECYCLE.into(),
-            protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
-        ],
+        features,
         loaded_models,
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
         model_info,
+        wake: shared.power.wake.clone(),
     }
 }
 
@@ -353,6 +356,14 @@ fn serve(
             }
             ServerMessage::ModelOperation(op) => {
                 super::lifecycle::start(shared, op, out.clone());
+            }
+            ServerMessage::WakePeer {
+                worker_name,
+                mac,
+                broadcast,
+            } => super::power::wake::wake_peer(&worker_name, &mac, &broadcast),
+            ServerMessage::SleepAnswer { granted, reason } => {
+                debug!("sleep answer: granted={granted} {reason:?}")
             }
             ServerMessage::RegisterAck(_) => debug!("unexpected second register_ack; ignored"),
             ServerMessage::Unknown(kind) => {

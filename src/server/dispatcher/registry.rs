@@ -68,6 +68,10 @@ pub struct Worker {
     model_info: Option<ModelInfoMap>,
     /// Its backend's version and resources (`worker_status`), when reported.
     pub status: WorkerStatus,
+    /// Where a magic packet wakes its box, when it said (`register.wake`).
+    pub wake: Option<crate::power::WakeAddress>,
+    /// The operator pinned it awake: it is never granted sleep.
+    pub stay_awake: bool,
 }
 
 /// Whether a worker takes new work.
@@ -115,6 +119,8 @@ impl Worker {
             backend_kind: None,
             model_info: None,
             status: WorkerStatus::default(),
+            wake: None,
+            stay_awake: false,
         }
     }
 

@@ -144,7 +144,13 @@ const BATCH: usize = 32;
 
 /// Runs the dispatcher until it reports that shutdown is complete (or every input
 /// sender is gone).
-pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
+pub fn run(
+    mut core: Dispatcher,
+    inputs: Receiver<Input>,
+    shared: Arc<Shared>,
+    sleepers: crate::server::power::SleeperStore,
+) {
+    let mut sleepers_version = core.sleepers().version();
     let mut clients: HashMap<RequestId, Sender<ClientEvent>> = HashMap::new();
     let mut workers: HashMap<WorkerId, Sender<Outbound>> = HashMap::new();
     let mut models_version = u64::MAX;
@@ -176,6 +182,12 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
             shared.set_models(core.registry().routable_models());
             shared.set_loaded(core.registry().loaded_models());
             shared.set_model_info(core.registry().model_info());
+        }
+        if core.sleepers().version() != sleepers_version {
+            sleepers_version = core.sleepers().version();
+            if let Err(e) = sleepers.save(core.sleepers().records()) {
+                log::warn!("{e}");
+            }
         }
         if exit {
             return;
@@ -386,6 +398,7 @@ fn execute(
                     debug!("client of request {id} is gone; event dropped");
                 }
             }
+            Action::SendWake(name, wake) => crate::server::power::send_wake(&name, &wake),
             Action::Exit => exit = true,
         }
     }

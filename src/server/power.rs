@@ -1,0 +1,138 @@
+//! The relay's side of power management that touches the outside world: the list of
+//! sleeping boxes saved in `STATE_DIR/sleepers.json` (so a restart still knows whom
+//! to wake), and the magic packet sent by the relay itself (`WAKE_FROM_RELAY`). The
+//! decisions are the dispatcher's (`dispatcher/sleepers.rs`).
+
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+
+use log::{info, warn};
+use serde::{Deserialize, Serialize};
+
+use super::dispatcher::SleeperRecord;
+use crate::power::WakeAddress;
+
+const FILE_NAME: &str = "sleepers.json";
+/// A larger file is not ours (256 boxes of 256 models fit many times over).
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
+#[derive(Serialize, Deserialize)]
+struct SleeperFile {
+    version: u32,
+    boxes: Vec<SleeperRecord>,
+}
+
+/// Where the sleeping boxes are saved.
+pub struct SleeperStore {
+    dir: PathBuf,
+}
+
+impl SleeperStore {
+    pub fn new(dir: impl Into<PathBuf>) -> SleeperStore {
+        SleeperStore { dir: dir.into() }
+    }
+
+    /// The boxes a previous run saved; none when there is no file. A file that cannot
+    /// be read is reported and ignored: losing the list only means those boxes are not
+    /// woken until they come back by themselves.
+    pub fn load(&self) -> Vec<SleeperRecord> {
+        let path = self.dir.join(FILE_NAME);
+        let too_big = fs::metadata(&path).is_ok_and(|m| m.len() > MAX_FILE_BYTES);
+        let text = match fs::read_to_string(&path) {
+            Ok(_) if too_big => return Vec::new(),
+            Ok(text) => text,
+            Err(_) => return Vec::new(),
+        };
+        match serde_json::from_str::<SleeperFile>(&text) {
+            Ok(file) => {
+                // Only valid wake addresses are kept (the file may have been edited).
+                let boxes: Vec<SleeperRecord> = file
+                    .boxes
+                    .into_iter()
+                    .filter_map(|mut b| {
+                        b.wake = WakeAddress::parse(&b.wake.mac, &b.wake.broadcast)?;
+                        Some(b)
+                    })
+                    .collect();
+                info!(
+                    "{} sleeping box(es) remembered from {}",
+                    boxes.len(),
+                    path.display()
+                );
+                boxes
+            }
+            Err(e) => {
+                warn!("ignoring {}: {e}", path.display());
+                Vec::new()
+            }
+        }
+    }
+
+    /// Replaces the file atomically (temp file, fsync, rename), readable by the owner
+    /// only: it holds the LAN's MAC addresses.
+    pub fn save(&self, boxes: Vec<SleeperRecord>) -> Result<(), String> {
+        let fail =
+            |what: &str, e: std::io::Error| format!("cannot save sleeping boxes ({what}): {e}");
+        fs::create_dir_all(&self.dir).map_err(|e| fail("create state dir", e))?;
+        let body = serde_json::to_vec_pretty(&SleeperFile { version: 1, boxes })
+            .map_err(|e| format!("cannot encode sleeping boxes: {e}"))?;
+        let tmp = self
+            .dir
+            .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&tmp).map_err(|e| fail("open temp file", e))?;
+        file.write_all(&body).map_err(|e| fail("write", e))?;
+        file.sync_all().map_err(|e| fail("fsync", e))?;
+        drop(file);
+        fs::rename(&tmp, self.dir.join(FILE_NAME)).map_err(|e| fail("rename", e))?;
+        if let Ok(dir) = fs::File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+}
+
+/// Sends the magic packet from the relay (`WAKE_FROM_RELAY=on`).
+pub fn send_wake(name: &str, wake: &WakeAddress) {
+    match crate::power::send_magic_packet(wake) {
+        Ok(()) => info!("magic packet for `{name}` sent to {}", wake.broadcast),
+        Err(e) => warn!("cannot wake `{name}`: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boxes_survive_a_save_and_load_and_bad_files_are_ignored() {
+        let dir = std::env::temp_dir().join(format!("mr-sleepers-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let store = SleeperStore::new(&dir);
+        assert!(store.load().is_empty());
+        let record = SleeperRecord {
+            name: "gpu-box-2".into(),
+            models: vec!["m".into()],
+            wake: WakeAddress::parse("aa:bb:cc:dd:ee:ff", "192.168.1.255").unwrap(),
+            since_unix: 7,
+        };
+        store.save(vec![record.clone()]).unwrap();
+        assert_eq!(store.load(), vec![record]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(dir.join(FILE_NAME))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        fs::write(dir.join(FILE_NAME), "{not json").unwrap();
+        assert!(store.load().is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
