@@ -190,3 +190,109 @@ fn a_restarted_relay_remembers_sleeping_boxes_and_wakes_them() {
     assert!(r.text().contains("good morning"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_idle_worker_asks_to_sleep_runs_its_suspend_command_and_the_relay_marks_it_asleep() {
+    let (lan, lan_addr) = lan();
+    let dir = std::env::temp_dir().join(format!("mr-power-suspend-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let marker = dir.join("suspended");
+    let backend = FakeBackend::new("m", "hi")
+        .spawn("127.0.0.1:0")
+        .expect("backend");
+    let server = TestServer::start_admin(|c| {
+        c.dispatch.wake.from_relay = true;
+        c.idle_watts = Some(100.0);
+    });
+    let broadcast = lan_addr.to_string();
+    let cmd = format!("touch '{}'", marker.display());
+    let gpu = start_worker(
+        server.addr,
+        backend,
+        &[
+            ("WORKER_NAME", "gpu"),
+            ("MODELS", "m"),
+            ("WAKE_MAC", MAC),
+            ("WAKE_BROADCAST", broadcast.as_str()),
+            ("IDLE_SUSPEND_SECS", "1"),
+            ("SUSPEND_CMD", cmd.as_str()),
+        ],
+    );
+    gpu.wait_line("idle for 1s: asking the relay to sleep");
+    gpu.wait_line("going to sleep: running SUSPEND_CMD");
+    wait_until("the suspend command ran", || {
+        (marker.exists(), String::new())
+    });
+    let sleeping = || -> serde_json::Value {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let r = request(
+            server.addr,
+            "GET",
+            "/admin/workers",
+            None,
+            &[("authorization", &auth)],
+        );
+        r.json()["sleeping"].clone()
+    };
+    wait_until("the relay lists gpu asleep", || {
+        let s = sleeping();
+        (
+            s[0]["name"] == "gpu" && s[0]["power"] == "asleep",
+            s.to_string(),
+        )
+    });
+    let s = sleeping();
+    assert_eq!(s[0]["models"], json!(["m"]));
+    assert_eq!(s[0]["wake_mac"], MAC);
+    assert!(s[0]["energy_saved_wh"].is_number(), "{s}");
+    assert_eq!(server.health()["workers_connected"], 0);
+    // Asleep, it is woken for the next request (the relay sends the packet here).
+    let addr = server.addr;
+    let client = std::thread::spawn(move || post(addr, "/v1/chat/completions", &chat("m", false)));
+    expect_packet(&lan);
+    wait_until("the relay lists gpu waking", || {
+        let s = sleeping();
+        (s[0]["power"] == "waking", s.to_string())
+    });
+    drop(gpu);
+    let _back = start_worker(
+        server.addr,
+        backend,
+        &[("WORKER_NAME", "gpu"), ("MODELS", "m")],
+    );
+    let r = client.join().expect("client");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_operator_pins_a_worker_awake() {
+    let server = TestServer::start_admin(|_| {});
+    let _gpu = gpu_box(server.addr, "127.0.0.1:9".parse().expect("addr"));
+    wait_workers(&server, 1);
+    let id = server.workers()[0]["id"].as_str().expect("id").to_string();
+    assert_eq!(server.workers()[0]["wakeable"], true);
+    assert_eq!(server.workers()[0]["stay_awake"], false);
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let r = request(
+        server.addr,
+        "POST",
+        &format!("/admin/workers/{id}/stay-awake"),
+        Some(r#"{"on": true}"#),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(server.workers()[0]["stay_awake"], true);
+    let r = request(
+        server.addr,
+        "POST",
+        "/admin/workers/w-999/stay-awake",
+        None,
+        &[("authorization", &auth)],
+    );
+    assert_eq!(r.status, 404);
+}

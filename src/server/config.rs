@@ -141,6 +141,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "on: the relay sends the magic packet itself (it sits on the boxes' LAN) instead of asking an awake worker",
     },
     Opt {
+        flag: "idle-watts",
+        env: "IDLE_WATTS",
+        default: None,
+        help: "what an idle GPU box draws, in watts: /admin/workers then shows the energy each sleeping box saved",
+    },
+    Opt {
         flag: "tls-cert-file",
         env: "TLS_CERT_FILE",
         default: None,
@@ -301,6 +307,8 @@ pub struct ServerConfig {
     pub trusted_proxies: TrustedProxies,
     /// Web origins allowed to call us from a browser (`ALLOWED_ORIGINS`).
     pub allowed_origins: AllowedOrigins,
+    /// What an idle box draws, for the energy sleeping saved (`IDLE_WATTS`).
+    pub idle_watts: Option<f64>,
 }
 
 impl ServerConfig {
@@ -372,6 +380,10 @@ impl ServerConfig {
                 .map_err(ConfigError)?,
             allowed_origins: AllowedOrigins::parse(s.get("allowed-origins").unwrap_or(""))
                 .map_err(ConfigError)?,
+            idle_watts: match s.number("idle-watts", 0.0f64)? {
+                w if w.is_finite() && w > 0.0 => Some(w),
+                _ => None,
+            },
         })
     }
 }

@@ -9,8 +9,13 @@ use std::path::PathBuf;
 
 use log::{info, warn};
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
+use super::dispatcher::runtime::{ask, Answer, Query};
 use super::dispatcher::SleeperRecord;
+use super::errors::ApiError;
+use super::ops::AdminResult;
+use super::Ctx;
 use crate::power::WakeAddress;
 
 const FILE_NAME: &str = "sleepers.json";
@@ -93,6 +98,53 @@ impl SleeperStore {
             let _ = dir.sync_all();
         }
         Ok(())
+    }
+}
+
+/// The sleeping boxes for `/admin/workers`: asleep or waking, since when, and (with
+/// `IDLE_WATTS`) the energy this sleep saved so far.
+pub fn sleeping(ctx: &Ctx) -> Value {
+    let Some(Answer::Sleepers(list)) = ask(&ctx.inputs, Query::Sleepers) else {
+        return json!([]);
+    };
+    let now = super::usage::unix_now();
+    list.into_iter()
+        .map(|s| {
+            let hours = now.saturating_sub(s.asleep_since_unix) as f64 / 3600.0;
+            let mut v = serde_json::to_value(&s).unwrap_or(Value::Null);
+            v["hours_asleep"] = json!((hours * 100.0).round() / 100.0);
+            v["energy_saved_wh"] = match ctx.cfg.idle_watts {
+                Some(watts) => json!((hours * watts).round()),
+                None => Value::Null,
+            };
+            v
+        })
+        .collect()
+}
+
+/// `POST /admin/workers/{id}/stay-awake` with `{"on": true|false}` (no body: on).
+pub fn stay_awake(ctx: &Ctx, id: &str, body: &[u8]) -> AdminResult {
+    let missing = || ApiError::new(404, "worker_not_found", format!("no worker `{id}`"));
+    let worker = id
+        .strip_prefix("w-")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(missing)?;
+    let on = if body.is_empty() {
+        true
+    } else {
+        let v: Value = serde_json::from_slice(body).map_err(|e| {
+            ApiError::new(400, "invalid_json", format!("body is not valid JSON: {e}"))
+        })?;
+        v.get("on").and_then(Value::as_bool).unwrap_or(true)
+    };
+    match ask(&ctx.inputs, Query::StayAwake { worker, on }) {
+        Some(Answer::Done(true)) => Ok((200, json!({"worker": id, "stay_awake": on}))),
+        Some(_) => Err(missing()),
+        None => Err(ApiError::new(
+            503,
+            "dispatcher_unavailable",
+            "the relay is shutting down",
+        )),
     }
 }
 

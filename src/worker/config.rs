@@ -142,6 +142,24 @@ pub const OPTIONS: &[Opt] = &[
         default: Some("on"),
         help: "on: send Wake-on-LAN packets to other boxes when the relay asks",
     },
+    Opt {
+        flag: "idle-suspend-secs",
+        env: "IDLE_SUSPEND_SECS",
+        default: Some("0"),
+        help: "after this long without a request, ask the relay to sleep, then disconnect and run SUSPEND_CMD (0: never)",
+    },
+    Opt {
+        flag: "suspend-cmd",
+        env: "SUSPEND_CMD",
+        default: None,
+        help: "command (sh -c) that suspends this box, e.g. `systemctl suspend`",
+    },
+    Opt {
+        flag: "stay-awake",
+        env: "STAY_AWAKE",
+        default: Some("off"),
+        help: "on: never ask to sleep (pins the box awake)",
+    },
 ];
 
 /// Which models to advertise.

@@ -153,6 +153,10 @@ impl Worker {
             .spawn(move || lifecycle::status::run(&s));
         let s = shared.clone();
         let _ = std::thread::Builder::new()
+            .name("power".into())
+            .spawn(move || power::suspend::run(&s));
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
             .name("connection".into())
             .spawn(move || connection::run_forever(s));
         Ok(Worker { shared, control_rx })

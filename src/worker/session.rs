@@ -95,6 +95,8 @@ pub struct Link {
     pub lifecycle: bool,
     /// The last `worker_status` this server got (see `lifecycle::status`).
     pub status_told: Arc<parking_lot::Mutex<WorkerStatus>>,
+    /// The server answers `sleep_request` (`worker/power/suspend.rs`).
+    pub sleep: bool,
 }
 
 /// How a session ended.
@@ -146,6 +148,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         told: Arc::new(parking_lot::Mutex::new(told)),
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
+        sleep: has(protocol::power::FEATURE_SLEEP),
     };
     *shared.session.lock() = Some(link.clone());
     if shared.is_draining() {
@@ -316,6 +319,7 @@ fn serve(
         }
         match msg {
             ServerMessage::Request(req) => {
+                shared.power.sleep.touch();
                 shared.slots.submit(shared, req, out.clone());
             }
             ServerMessage::Cancel { request_id, reason } => {
@@ -363,7 +367,7 @@ fn serve(
                 broadcast,
             } => super::power::wake::wake_peer(&worker_name, &mac, &broadcast),
             ServerMessage::SleepAnswer { granted, reason } => {
-                debug!("sleep answer: granted={granted} {reason:?}")
+                shared.power.sleep.answered(granted, reason)
             }
             ServerMessage::RegisterAck(_) => debug!("unexpected second register_ack; ignored"),
             ServerMessage::Unknown(kind) => {

@@ -209,6 +209,16 @@ impl Dispatcher {
         });
     }
 
+    /// Pins a worker awake (never granted sleep) or unpins it; false when unknown.
+    pub fn stay_awake(&mut self, worker: WorkerId, on: bool) -> bool {
+        let Some(w) = self.registry.get_mut(worker) else {
+            return false;
+        };
+        w.stay_awake = on;
+        info!("worker {} ({}) pinned awake: {on}", w.wire_id, w.name);
+        true
+    }
+
     /// Whether a model is served by a sleeping box (so it is no typo).
     pub(super) fn sleeping_model(&self, model: &str) -> bool {
         self.sleepers.serves(model)

@@ -1,9 +1,13 @@
-//! The worker's power management: where this box is woken (`wake.rs`) and the magic
-//! packets it sends for the relay. Hooks elsewhere are small: `register` carries
-//! [`Power::wake`] and the `wake_peers` feature, and the session hands `wake_peer`
-//! here.
+//! The worker's power management: where this box is woken and the magic packets it
+//! sends for the relay (`wake.rs`), sleeping when idle and noticing the resume
+//! (`suspend.rs`). Hooks elsewhere are small: `register` carries [`Power::wake`] and
+//! the features, the session hands `wake_peer`, `sleep_answer` and each request here,
+//! and the connection loop waits in [`suspend::Sleep::hold`] while the box sleeps.
 
+pub mod suspend;
 pub mod wake;
+
+use std::time::Duration;
 
 use crate::cli::{ConfigError, Settings};
 use crate::power::WakeAddress;
@@ -19,6 +23,12 @@ pub struct PowerConfig {
     pub broadcast: Option<String>,
     /// Send magic packets when the relay asks (`WAKE_PEERS`, on by default).
     pub wake_peers: bool,
+    /// Ask to sleep after this long without a request (`IDLE_SUSPEND_SECS`, 0: never).
+    pub idle_suspend: Option<Duration>,
+    /// What puts the machine to sleep (`SUSPEND_CMD`, run with `sh -c`).
+    pub suspend_cmd: Option<String>,
+    /// Never ask to sleep (`STAY_AWAKE`).
+    pub stay_awake: bool,
 }
 
 impl PowerConfig {
@@ -44,6 +54,13 @@ impl PowerConfig {
             mac,
             broadcast,
             wake_peers: s.get("wake-peers").is_none() || s.flag_bool("wake-peers")?,
+            idle_suspend: Some(s.secs("idle-suspend-secs", 0)?).filter(|d| !d.is_zero()),
+            suspend_cmd: s
+                .get("suspend-cmd")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string),
+            stay_awake: s.flag_bool("stay-awake")?,
         })
     }
 }
@@ -54,14 +71,19 @@ pub fn features(cfg: &PowerConfig) -> Vec<String> {
     if cfg.wake_peers {
         features.push(crate::protocol::power::FEATURE_WAKE_PEERS.to_string());
     }
+    if cfg.idle_suspend.is_some() && !cfg.stay_awake {
+        features.push(crate::protocol::power::FEATURE_SLEEP.to_string());
+    }
     features
 }
 
 /// What the power code knows at run time.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Power {
     /// Where this box is woken, when wakeable.
     pub wake: Option<WakeAddress>,
+    /// Idle sleep and resume.
+    pub sleep: suspend::Sleep,
 }
 
 impl Power {
@@ -70,6 +92,9 @@ impl Power {
         if let Some(w) = &wake {
             log::info!("wakeable: MAC {} via {}", w.mac, w.broadcast);
         }
-        Power { wake }
+        Power {
+            wake,
+            sleep: suspend::Sleep::default(),
+        }
     }
 }

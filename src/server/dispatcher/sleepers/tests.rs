@@ -315,3 +315,27 @@ fn restored_sleepers_make_their_models_known_and_wakeable() {
     assert!(a.contains(&Action::SendWake("gpu".into(), wake_addr())));
     assert!(failures(&a).is_empty(), "not a model_not_found");
 }
+
+#[test]
+fn a_worker_pinned_awake_is_never_granted_sleep() {
+    let mut h = H::new(WakeConfig::default());
+    h.join(1, "gpu", &["m"], true);
+    assert!(h.d.stay_awake(1, true));
+    assert!(!h.d.stay_awake(9, true), "unknown worker");
+    let a =
+        h.d.handle(Event::WorkerSaid(1, WorkerMessage::SleepRequest {}), h.now);
+    assert!(matches!(
+        &a[..],
+        [Action::ToWorker(1, ServerMessage::SleepAnswer { granted: false, reason: Some(r) })] if r.contains("pinned")
+    ));
+    assert!(h.d.stay_awake(1, false));
+    let a =
+        h.d.handle(Event::WorkerSaid(1, WorkerMessage::SleepRequest {}), h.now);
+    assert!(matches!(
+        &a[..],
+        [Action::ToWorker(
+            1,
+            ServerMessage::SleepAnswer { granted: true, .. }
+        )]
+    ));
+}
