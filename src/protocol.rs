@@ -331,6 +331,10 @@ pub enum WorkerMessage {
     WorkerStatus(WorkerStatus),
     /// Extension: the worker has been idle and asks to sleep (see [`power`]).
     SleepRequest {},
+    /// Extension: the box's owner uses it (take nothing new) or is done (see [`power`]).
+    OwnerStatus {
+        busy: bool,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -391,6 +395,7 @@ struct Raw {
     mac: Option<String>,
     broadcast: Option<String>,
     granted: Option<bool>,
+    busy: Option<bool>,
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
@@ -491,6 +496,9 @@ impl WorkerMessage {
                 resources: lifecycle::resources_from(r.resources),
             }),
             "sleep_request" => WorkerMessage::SleepRequest {},
+            "owner_status" => WorkerMessage::OwnerStatus {
+                busy: need(r.busy, k, "busy")?,
+            },
             _ => WorkerMessage::Unknown(kind),
         })
     }

@@ -296,3 +296,57 @@ fn an_operator_pins_a_worker_awake() {
     );
     assert_eq!(r.status, 404);
 }
+
+#[test]
+fn a_worker_yields_while_its_owner_is_busy_and_then_takes_work_again() {
+    let dir = std::env::temp_dir().join(format!("mr-power-owner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let flag = dir.join("gaming");
+    let backend = FakeBackend::new("m", "yours again")
+        .spawn("127.0.0.1:0")
+        .expect("backend");
+    let server = TestServer::start_admin(|c| c.dispatch.queue_timeout = Duration::from_secs(60));
+    let cmd = format!("test -e '{}'", flag.display());
+    let _gpu = start_worker(
+        server.addr,
+        backend,
+        &[
+            ("WORKER_NAME", "gpu"),
+            ("MODELS", "m"),
+            ("OWNER_BUSY_CMD", cmd.as_str()),
+            ("OWNER_CHECK_SECS", "1"),
+        ],
+    );
+    wait_workers(&server, 1);
+    std::fs::write(&flag, "").expect("flag");
+    wait_until("the worker yields", || {
+        let w = server.workers();
+        (
+            w[0]["power"] == "yielded" && w[0]["power_since_unix"].is_number(),
+            format!("{w:?}"),
+        )
+    });
+    let addr = server.addr;
+    let client = std::thread::spawn(move || post(addr, "/v1/chat/completions", &chat("m", false)));
+    // It waits in the queue rather than going to the yielded worker.
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    wait_until("the request is queued", || {
+        let s = request(
+            server.addr,
+            "GET",
+            "/admin/stats",
+            None,
+            &[("authorization", &auth)],
+        )
+        .json();
+        (s["queue"]["depth"] == 1, s["queue"].to_string())
+    });
+    assert_eq!(server.workers()[0]["in_flight"], 0);
+    std::fs::remove_file(&flag).expect("owner done");
+    let r = client.join().expect("client");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("yours again"));
+    assert_eq!(server.workers()[0]["power"], "awake");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,6 +11,9 @@
 //! worker → server  {"type":"sleep_request"}
 //! server → worker  {"type":"sleep_answer","granted":true}
 //!                  {"type":"sleep_answer","granted":false,"reason":"requests queued for qwen3:8b"}
+//! both             feature "owner_yield": the worker says when the box's owner uses it.
+//! worker → server  {"type":"owner_status","busy":true}   (takes nothing new meanwhile)
+//!                  {"type":"owner_status","busy":false}  (takes work again)
 //! ```
 //!
 //! A granted worker gets no new requests, finishes what it has, disconnects and
@@ -22,6 +25,8 @@ use crate::power::WakeAddress;
 pub const FEATURE_WAKE_PEERS: &str = "wake_peers";
 /// Both sides: `sleep_request` / `sleep_answer` are understood.
 pub const FEATURE_SLEEP: &str = "sleep";
+/// Both sides: `owner_status` is understood.
+pub const FEATURE_OWNER_YIELD: &str = "owner_yield";
 
 /// Reads `register.wake` leniently: anything but a valid MAC and address is absent.
 pub(super) fn wake_from(value: Option<serde_json::Value>) -> Option<WakeAddress> {

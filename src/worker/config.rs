@@ -160,6 +160,30 @@ pub const OPTIONS: &[Opt] = &[
         default: Some("off"),
         help: "on: never ask to sleep (pins the box awake)",
     },
+    Opt {
+        flag: "owner-busy-cmd",
+        env: "OWNER_BUSY_CMD",
+        default: None,
+        help: "command (sh -c) whose exit status 0 means the box's owner uses it: take nothing new meanwhile",
+    },
+    Opt {
+        flag: "owner-gpu-check",
+        env: "OWNER_GPU_CHECK",
+        default: Some("off"),
+        help: "on: a GPU compute process other than an inference backend (nvidia-smi) means the owner is busy",
+    },
+    Opt {
+        flag: "owner-check-secs",
+        env: "OWNER_CHECK_SECS",
+        default: Some("10"),
+        help: "how often the owner check runs",
+    },
+    Opt {
+        flag: "owner-unload",
+        env: "OWNER_UNLOAD",
+        default: Some("off"),
+        help: "on: unload the backend's models while the owner is busy, to hand the VRAM back",
+    },
 ];
 
 /// Which models to advertise.

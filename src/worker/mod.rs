@@ -157,6 +157,10 @@ impl Worker {
             .spawn(move || power::suspend::run(&s));
         let s = shared.clone();
         let _ = std::thread::Builder::new()
+            .name("owner".into())
+            .spawn(move || power::owner::run(&s));
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
             .name("connection".into())
             .spawn(move || connection::run_forever(s));
         Ok(Worker { shared, control_rx })

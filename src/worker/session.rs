@@ -97,6 +97,8 @@ pub struct Link {
     pub status_told: Arc<parking_lot::Mutex<WorkerStatus>>,
     /// The server answers `sleep_request` (`worker/power/suspend.rs`).
     pub sleep: bool,
+    /// The server reads `owner_status` (`worker/power/owner.rs`).
+    pub owner_yield: bool,
 }
 
 /// How a session ended.
@@ -149,8 +151,10 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
         sleep: has(protocol::power::FEATURE_SLEEP),
+        owner_yield: has(protocol::power::FEATURE_OWNER_YIELD),
     };
     *shared.session.lock() = Some(link.clone());
+    super::power::owner::announce_busy(shared);
     if shared.is_draining() {
         announce_drain(shared, &link);
     }

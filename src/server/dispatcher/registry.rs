@@ -72,6 +72,8 @@ pub struct Worker {
     pub wake: Option<crate::power::WakeAddress>,
     /// The operator pinned it awake: it is never granted sleep.
     pub stay_awake: bool,
+    /// Since when its box's owner uses it (`owner_status`): it takes nothing new.
+    pub yielded: Option<Instant>,
 }
 
 /// Whether a worker takes new work.
@@ -121,6 +123,7 @@ impl Worker {
             status: WorkerStatus::default(),
             wake: None,
             stay_awake: false,
+            yielded: None,
         }
     }
 
@@ -210,7 +213,10 @@ impl Worker {
 
     /// Takes new work: not draining, backend up and not ejected, a slot free.
     pub fn has_free_slot(&self) -> bool {
-        !self.is_draining() && self.health == Health::Up && self.load() < self.max_concurrent
+        !self.is_draining()
+            && self.yielded.is_none()
+            && self.health == Health::Up
+            && self.load() < self.max_concurrent
     }
 
     pub fn serves(&self, model: &str) -> bool {

@@ -147,8 +147,11 @@ pub struct WorkerInfo {
     /// Prompt-prefix fingerprints remembered for it (cache affinity; at most
     /// 2,048).
     pub affinity_fingerprints: usize,
-    /// `awake` (sleeping boxes are listed apart, see [`SleeperInfo`]).
+    /// `awake`, or `yielded` while its box's owner uses it (sleeping boxes are listed
+    /// apart, see [`SleeperInfo`]).
     pub power: &'static str,
+    /// Since when it is yielded.
+    pub power_since_unix: Option<u64>,
     /// Whether it said where it is woken (`register.wake`).
     pub wakeable: bool,
     /// Pinned awake by the operator: never granted sleep.
@@ -394,7 +397,12 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
                 .map(|(_, model, progress, eta)| (model.clone(), *progress, *eta))
                 .collect(),
             affinity_fingerprints: core.fingerprints_held(w.id),
-            power: "awake",
+            power: if w.yielded.is_some() {
+                "yielded"
+            } else {
+                "awake"
+            },
+            power_since_unix: w.yielded.map(unix),
             wakeable: w.wake.is_some(),
             stay_awake: w.stay_awake,
         })

@@ -219,6 +219,32 @@ impl Dispatcher {
         true
     }
 
+    /// The box's owner uses it (capacity 0: requests go elsewhere or wait) or is done
+    /// (it takes the queued work it can).
+    pub(super) fn owner_status(&mut self, worker: WorkerId, busy: bool, now: Instant) {
+        let Some(w) = self.registry.get_mut(worker) else {
+            return;
+        };
+        if busy == w.yielded.is_some() {
+            return;
+        }
+        w.yielded = busy.then_some(now);
+        info!(
+            "worker {} ({}) {}",
+            w.wire_id,
+            w.name,
+            if busy {
+                "yields to its owner: takes nothing new"
+            } else {
+                "takes work again: its owner is done"
+            }
+        );
+        self.models_version += 1;
+        if !busy {
+            self.fill_worker(worker, now);
+        }
+    }
+
     /// Whether a model is served by a sleeping box (so it is no typo).
     pub(super) fn sleeping_model(&self, model: &str) -> bool {
         self.sleepers.serves(model)

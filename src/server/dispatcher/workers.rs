@@ -49,6 +49,7 @@ impl Dispatcher {
             protocol::FEATURE_FAILOVER,
             protocol::power::FEATURE_WAKE_PEERS,
             protocol::power::FEATURE_SLEEP,
+            protocol::power::FEATURE_OWNER_YIELD,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -194,6 +195,7 @@ impl Dispatcher {
                 }
             }
             WorkerMessage::SleepRequest {} => self.sleep_request(worker, now),
+            WorkerMessage::OwnerStatus { busy } => self.owner_status(worker, busy, now),
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")

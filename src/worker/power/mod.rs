@@ -4,9 +4,11 @@
 //! the features, the session hands `wake_peer`, `sleep_answer` and each request here,
 //! and the connection loop waits in [`suspend::Sleep::hold`] while the box sleeps.
 
+pub mod owner;
 pub mod suspend;
 pub mod wake;
 
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::cli::{ConfigError, Settings};
@@ -29,6 +31,15 @@ pub struct PowerConfig {
     pub suspend_cmd: Option<String>,
     /// Never ask to sleep (`STAY_AWAKE`).
     pub stay_awake: bool,
+    /// Exit 0 means the box's owner uses it (`OWNER_BUSY_CMD`, `sh -c`).
+    pub owner_busy_cmd: Option<String>,
+    /// Another program's compute process on the GPU means the owner is busy
+    /// (`OWNER_GPU_CHECK`, via `nvidia-smi`).
+    pub owner_gpu_check: bool,
+    /// How often the owner is checked (`OWNER_CHECK_SECS`).
+    pub owner_check: Duration,
+    /// Unload the models while the owner is busy (`OWNER_UNLOAD`).
+    pub owner_unload: bool,
 }
 
 impl PowerConfig {
@@ -61,6 +72,14 @@ impl PowerConfig {
                 .filter(|c| !c.is_empty())
                 .map(str::to_string),
             stay_awake: s.flag_bool("stay-awake")?,
+            owner_busy_cmd: s
+                .get("owner-busy-cmd")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string),
+            owner_gpu_check: s.flag_bool("owner-gpu-check")?,
+            owner_check: s.secs("owner-check-secs", 10)?.max(Duration::from_secs(1)),
+            owner_unload: s.flag_bool("owner-unload")?,
         })
     }
 }
@@ -70,6 +89,9 @@ pub fn features(cfg: &PowerConfig) -> Vec<String> {
     let mut features = Vec::new();
     if cfg.wake_peers {
         features.push(crate::protocol::power::FEATURE_WAKE_PEERS.to_string());
+    }
+    if cfg.owner_busy_cmd.is_some() || cfg.owner_gpu_check {
+        features.push(crate::protocol::power::FEATURE_OWNER_YIELD.to_string());
     }
     if cfg.idle_suspend.is_some() && !cfg.stay_awake {
         features.push(crate::protocol::power::FEATURE_SLEEP.to_string());
@@ -84,6 +106,8 @@ pub struct Power {
     pub wake: Option<WakeAddress>,
     /// Idle sleep and resume.
     pub sleep: suspend::Sleep,
+    /// The box's owner uses it now (`owner.rs`).
+    pub owner_busy: AtomicBool,
 }
 
 impl Power {
@@ -95,6 +119,7 @@ impl Power {
         Power {
             wake,
             sleep: suspend::Sleep::default(),
+            owner_busy: AtomicBool::new(false),
         }
     }
 }

@@ -123,7 +123,11 @@ pub fn run(shared: &Arc<Shared>) {
         let Some(idle_limit) = cfg.idle_suspend else {
             continue;
         };
-        if cfg.stay_awake || !shared.inflight.is_empty() {
+        let owner_busy = shared
+            .power
+            .owner_busy
+            .load(std::sync::atomic::Ordering::Acquire);
+        if cfg.stay_awake || owner_busy || !shared.inflight.is_empty() {
             sleep.touch();
             continue;
         }

@@ -339,3 +339,18 @@ fn a_worker_pinned_awake_is_never_granted_sleep() {
         )]
     ));
 }
+
+#[test]
+fn a_worker_yielded_to_its_owner_takes_nothing_new_until_the_owner_is_done() {
+    let mut h = H::new(WakeConfig::default());
+    h.join(1, "gpu", &["m"], false);
+    let busy = |b| Event::WorkerSaid(1, WorkerMessage::OwnerStatus { busy: b });
+    h.d.handle(busy(true), h.now);
+    assert!(h.d.registry().get(1).unwrap().yielded.is_some());
+    let a = h.submit(10, "m", false);
+    assert!(dispatched(&a).is_empty(), "queued, not sent: {a:?}");
+    assert!(failures(&a).is_empty());
+    h.at(5);
+    let a = h.d.handle(busy(false), h.now);
+    assert_eq!(dispatched(&a), vec![(1, wire_request_id(10))]);
+}
