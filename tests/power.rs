@@ -48,6 +48,12 @@ fn gpu_box(server: SocketAddr, lan: SocketAddr) -> FakeWorker {
     }
 }
 
+/// `GET` an admin path of a [`TestServer::start_admin`] relay.
+fn admin_get(server: &TestServer, path: &str) -> serde_json::Value {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    request(server.addr, "GET", path, None, &[("authorization", &auth)]).json()
+}
+
 fn wait_workers(server: &TestServer, n: u64) {
     server.wait_health(&format!("{n} workers"), |h| h["workers_connected"] == n);
 }
@@ -224,17 +230,7 @@ fn an_idle_worker_asks_to_sleep_runs_its_suspend_command_and_the_relay_marks_it_
     wait_until("the suspend command ran", || {
         (marker.exists(), String::new())
     });
-    let sleeping = || -> serde_json::Value {
-        let auth = format!("Bearer {ADMIN_TOKEN}");
-        let r = request(
-            server.addr,
-            "GET",
-            "/admin/workers",
-            None,
-            &[("authorization", &auth)],
-        );
-        r.json()["sleeping"].clone()
-    };
+    let sleeping = || admin_get(&server, "/admin/workers")["sleeping"].clone();
     wait_until("the relay lists gpu asleep", || {
         let s = sleeping();
         (
@@ -330,16 +326,8 @@ fn a_worker_yields_while_its_owner_is_busy_and_then_takes_work_again() {
     let addr = server.addr;
     let client = std::thread::spawn(move || post(addr, "/v1/chat/completions", &chat("m", false)));
     // It waits in the queue rather than going to the yielded worker.
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     wait_until("the request is queued", || {
-        let s = request(
-            server.addr,
-            "GET",
-            "/admin/stats",
-            None,
-            &[("authorization", &auth)],
-        )
-        .json();
+        let s = admin_get(&server, "/admin/stats");
         (s["queue"]["depth"] == 1, s["queue"].to_string())
     });
     assert_eq!(server.workers()[0]["in_flight"], 0);

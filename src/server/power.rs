@@ -4,7 +4,6 @@
 //! decisions are the dispatcher's (`dispatcher/sleepers.rs`).
 
 use std::fs;
-use std::io::Write;
 use std::path::PathBuf;
 
 use log::{info, warn};
@@ -74,30 +73,13 @@ impl SleeperStore {
         }
     }
 
-    /// Replaces the file atomically (temp file, fsync, rename), readable by the owner
-    /// only: it holds the LAN's MAC addresses.
+    /// Replaces the file atomically, readable by the owner only (`private_fs::replace`): it
+    /// holds the LAN's MAC addresses.
     pub fn save(&self, boxes: Vec<SleeperRecord>) -> Result<(), String> {
-        let fail =
-            |what: &str, e: std::io::Error| format!("cannot save sleeping boxes ({what}): {e}");
-        fs::create_dir_all(&self.dir).map_err(|e| fail("create state dir", e))?;
         let body = serde_json::to_vec_pretty(&SleeperFile { version: 1, boxes })
             .map_err(|e| format!("cannot encode sleeping boxes: {e}"))?;
-        let tmp = self
-            .dir
-            .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
-        let mut options = fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options.open(&tmp).map_err(|e| fail("open temp file", e))?;
-        file.write_all(&body).map_err(|e| fail("write", e))?;
-        file.sync_all().map_err(|e| fail("fsync", e))?;
-        drop(file);
-        fs::rename(&tmp, self.dir.join(FILE_NAME)).map_err(|e| fail("rename", e))?;
-        if let Ok(dir) = fs::File::open(&self.dir) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
+        super::private_fs::replace(&self.dir, FILE_NAME, &body)
+            .map_err(|e| format!("cannot save sleeping boxes ({e})"))
     }
 }
 
