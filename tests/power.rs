@@ -188,8 +188,13 @@ fn a_restarted_relay_remembers_sleeping_boxes_and_wakes_them() {
     let addr = second.addr;
     let client = std::thread::spawn(move || post(addr, "/v1/chat/completions", &chat("m", false)));
     expect_packet(&lan);
+    let registering = Instant::now();
     let gpu = gpu_box(second.addr, lan_addr);
     let req = gpu.request();
+    println!(
+        "wake figures: register sent to the waiting request received {:.2} ms (WebSocket upgrade, register, ack, dispatch)",
+        registering.elapsed().as_secs_f64() * 1000.0
+    );
     gpu.complete(&req.request_id, 200, &openai_answer("good morning"));
     let r = client.join().expect("client");
     assert_eq!(r.status, 200, "{}", r.text());
