@@ -108,7 +108,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "state-dir",
         env: "STATE_DIR",
         default: Some("/var/lib/modelrelay"),
-        help: "directory for the API keys (keys.json), the usage journal (usage.journal) and used op-token nonces (op-nonces)",
+        help: "directory for the API keys (keys.json), the usage journal (usage.journal), used op-token nonces (op-nonces) and sleeping boxes (sleepers.json)",
     },
     Opt {
         flag: "usage-retention-days",
