@@ -147,6 +147,7 @@ impl Sim {
                 loaded_models: None,
                 backend_kind: None,
                 model_info: None,
+                wake: None,
             };
             let remote = "sim".into();
             let joined = Event::WorkerJoined {

@@ -46,6 +46,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
         loaded_models: None,
         backend_kind: None,
         model_info: None,
+        wake: None,
     };
     d.handle(
         Event::WorkerJoined {

@@ -27,6 +27,7 @@ pub mod clock;
 pub mod fuzz;
 pub mod net;
 pub mod options_doc;
+pub mod power;
 pub mod protocol;
 pub mod rfc3339;
 pub mod server;

@@ -37,6 +37,8 @@
 //! * `model_operation`, `operation_status` and `worker_status`: load, unload and flush
 //!   models on request, and report the backend's version and resources; see
 //!   [`lifecycle`] (feature [`lifecycle::FEATURE_LIFECYCLE`]).
+//! * `wake` on `register`, `wake_peer`, `sleep_request` and `sleep_answer`: boxes that
+//!   sleep and are woken on demand; see [`power`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -44,7 +46,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub mod lifecycle;
+pub mod power;
 pub mod size;
+use crate::power::WakeAddress;
 use lifecycle::{ModelOperation, OperationKind, OperationState, OperationStatus, WorkerStatus};
 
 /// Protocol version string of this implementation.
@@ -170,6 +174,9 @@ pub struct RegisterMessage {
     /// Extension: what the backend says about `models` (context length, capabilities).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_info: Option<ModelInfoMap>,
+    /// Extension: where a magic packet wakes this box (see [`power`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake: Option<WakeAddress>,
 }
 
 /// `register_ack`: the server's answer to `register`.
@@ -254,6 +261,18 @@ pub enum ServerMessage {
     },
     /// Extension: load, unload or flush a model (see [`lifecycle`]).
     ModelOperation(ModelOperation),
+    /// Extension: send a magic packet to wake another box (see [`power`]).
+    WakePeer {
+        worker_name: String,
+        mac: String,
+        broadcast: String,
+    },
+    /// Extension: whether the worker may go to sleep (see [`power`]).
+    SleepAnswer {
+        granted: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -336,6 +355,12 @@ pub enum WorkerMessage {
     OperationStatus(OperationStatus),
     /// Extension: the backend's version and resources (see [`lifecycle`]).
     WorkerStatus(WorkerStatus),
+    /// Extension: the worker has been idle and asks to sleep (see [`power`]).
+    SleepRequest {},
+    /// Extension: the box's owner uses it (take nothing new) or is done (see [`power`]).
+    OwnerStatus {
+        busy: bool,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -392,6 +417,11 @@ struct Raw {
     backend: Option<String>,
     backend_version: Option<String>,
     resources: Option<serde_json::Value>,
+    wake: Option<serde_json::Value>,
+    mac: Option<String>,
+    broadcast: Option<String>,
+    granted: Option<bool>,
+    busy: Option<bool>,
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
@@ -437,6 +467,7 @@ impl WorkerMessage {
                 loaded_models: r.loaded_models,
                 backend_kind: r.backend_kind,
                 model_info: model_info_from(r.model_info),
+                wake: power::wake_from(r.wake),
             }),
             "models_update" => WorkerMessage::ModelsUpdate {
                 models: need(r.models, k, "models")?,
@@ -497,6 +528,10 @@ impl WorkerMessage {
                 backend_version: r.backend_version,
                 resources: lifecycle::resources_from(r.resources),
             }),
+            "sleep_request" => WorkerMessage::SleepRequest {},
+            "owner_status" => WorkerMessage::OwnerStatus {
+                busy: need(r.busy, k, "busy")?,
+            },
             _ => WorkerMessage::Unknown(kind),
         })
     }
@@ -547,6 +582,15 @@ impl ServerMessage {
                     model: r.model.filter(|m| !m.is_empty()),
                 })
             }
+            "wake_peer" => ServerMessage::WakePeer {
+                worker_name: r.worker_name.unwrap_or_default(),
+                mac: need(r.mac, k, "mac")?,
+                broadcast: need(r.broadcast, k, "broadcast")?,
+            },
+            "sleep_answer" => ServerMessage::SleepAnswer {
+                granted: need(r.granted, k, "granted")?,
+                reason: reason_text(r.reason),
+            },
             _ => ServerMessage::Unknown(kind),
         })
     }

@@ -121,13 +121,43 @@ pub const OPTIONS: &[Opt] = &[
         flag: "state-dir",
         env: "STATE_DIR",
         default: Some("/var/lib/modelrelay"),
-        help: "directory for the API keys (keys.json), the usage journal (usage.journal) and used op-token nonces (op-nonces)",
+        help: "directory for the API keys (keys.json), the usage journal (usage.journal), used op-token nonces (op-nonces) and sleeping boxes (sleepers.json)",
     },
     Opt {
         flag: "usage-retention-days",
         env: "USAGE_RETENTION_DAYS",
         default: Some("400"),
         help: "days of hourly token usage kept in the usage journal (0: forever)",
+    },
+    Opt {
+        flag: "wake-timeout-secs",
+        env: "WAKE_TIMEOUT_SECS",
+        default: Some("120"),
+        help: "how long a request waits for a sleeping box it woke (Wake-on-LAN) before failing",
+    },
+    Opt {
+        flag: "wake-when-busy",
+        env: "WAKE_WHEN_BUSY",
+        default: Some("off"),
+        help: "on: also wake a sleeping box when every awake worker of the model is full and more than WAKE_QUEUE_DEPTH wait",
+    },
+    Opt {
+        flag: "wake-queue-depth",
+        env: "WAKE_QUEUE_DEPTH",
+        default: Some("4"),
+        help: "with WAKE_WHEN_BUSY: requests that must wait for a model before a sleeping box is woken",
+    },
+    Opt {
+        flag: "wake-from-relay",
+        env: "WAKE_FROM_RELAY",
+        default: Some("off"),
+        help: "on: the relay sends the magic packet itself (it sits on the boxes' LAN) instead of asking an awake worker",
+    },
+    Opt {
+        flag: "idle-watts",
+        env: "IDLE_WATTS",
+        default: None,
+        help: "what an idle GPU box draws, in watts: /admin/workers then shows the energy each sleeping box saved",
     },
     Opt {
         flag: "tls-cert-file",
@@ -290,6 +320,8 @@ pub struct ServerConfig {
     pub trusted_proxies: TrustedProxies,
     /// Web origins allowed to call us from a browser (`ALLOWED_ORIGINS`).
     pub allowed_origins: AllowedOrigins,
+    /// What an idle box draws, for the energy sleeping saved (`IDLE_WATTS`).
+    pub idle_watts: Option<f64>,
 }
 
 impl ServerConfig {
@@ -315,6 +347,12 @@ impl ServerConfig {
             affinity_wait: std::time::Duration::from_millis(
                 s.number("affinity-wait-ms", dispatcher::DEFAULT_AFFINITY_WAIT_MS)?,
             ),
+            wake: dispatcher::WakeConfig {
+                timeout: s.secs("wake-timeout-secs", 120)?,
+                when_busy: s.flag_bool("wake-when-busy")?,
+                queue_depth: s.number("wake-queue-depth", 4)?,
+                from_relay: s.flag_bool("wake-from-relay")?,
+            },
         };
         if dispatch.heartbeat_interval.is_zero()
             || dispatch.heartbeat_timeout < dispatch.heartbeat_interval
@@ -379,6 +417,10 @@ impl ServerConfig {
                 .map_err(ConfigError)?,
             allowed_origins: AllowedOrigins::parse(s.get("allowed-origins").unwrap_or(""))
                 .map_err(ConfigError)?,
+            idle_watts: match s.number("idle-watts", 0.0f64)? {
+                w if w.is_finite() && w > 0.0 => Some(w),
+                _ => None,
+            },
         })
     }
 }

@@ -214,6 +214,12 @@ impl ApiError {
             Failure::ClientGone => {
                 ApiError::new(499, "client_closed_request", "client closed the request")
             }
+            Failure::Asleep { worker, detail } => ApiError::new(
+                503,
+                "worker_asleep",
+                format!("only the sleeping box `{worker}` serves this model, and {detail}"),
+            )
+            .field("worker", worker.clone()),
         }
     }
 }

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -201,31 +200,15 @@ impl KeyStore {
         })
     }
 
-    /// Writes the list atomically: temp file, fsync, rename, fsync directory.
+    /// Writes the list atomically, owner-only (`private_fs::replace`).
     fn persist(&self, keys: &[KeyRecord]) -> Result<(), String> {
-        let fail = |what: &str, e: std::io::Error| format!("cannot save API keys ({what}): {e}");
-        private_fs::create_dir(&self.dir).map_err(|e| fail("create state dir", e))?;
         let body = serde_json::to_vec_pretty(&KeyFile {
             version: 1,
             keys: keys.to_vec(),
         })
         .map_err(|e| format!("cannot encode API keys: {e}"))?;
-        let tmp = self
-            .dir
-            .join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
-        let mut file = private_fs::options()
-            .write(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(|e| fail("open temp file", e))?;
-        file.write_all(&body).map_err(|e| fail("write", e))?;
-        file.sync_all().map_err(|e| fail("fsync", e))?;
-        drop(file);
-        fs::rename(&tmp, self.dir.join(FILE_NAME)).map_err(|e| fail("rename", e))?;
-        if let Ok(dir) = fs::File::open(&self.dir) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
+        private_fs::replace(&self.dir, FILE_NAME, &body)
+            .map_err(|e| format!("cannot save API keys ({e})"))
     }
 }
 

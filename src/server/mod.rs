@@ -37,6 +37,7 @@ pub mod moe;
 pub mod ollama;
 pub mod ops;
 pub mod origin;
+pub mod power;
 pub mod private_fs;
 pub mod relay;
 pub mod reply;
@@ -166,12 +167,14 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let addr = listener.local_addr()?;
     let (inputs, inbox) = crossbeam_channel::unbounded();
     let shared = Shared::new();
-    let core = Dispatcher::new(cfg.dispatch.clone(), Instant::now());
+    let mut core = Dispatcher::new(cfg.dispatch.clone(), Instant::now());
+    let sleepers = power::SleeperStore::new(&cfg.state_dir);
+    core.restore_sleepers(sleepers.load(), Instant::now());
     let dispatcher = {
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("dispatcher".into())
-            .spawn(move || runtime::run(core, inbox, shared))?
+            .spawn(move || runtime::run(core, inbox, shared, sleepers))?
     };
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),

@@ -349,7 +349,7 @@ impl Parts<'_> {
                 part.queue_wait = Some(queue_wait);
                 part.worker = Some(worker);
             }
-            ClientEvent::Queued { .. } | ClientEvent::Head(_) => {}
+            ClientEvent::Queued { .. } | ClientEvent::Head(_) | ClientEvent::Waking { .. } => {}
             ClientEvent::Chunk(chunk) => {
                 part.first_chunk
                     .get_or_insert_with(|| part.started.elapsed());

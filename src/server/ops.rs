@@ -309,6 +309,7 @@ pub fn admin(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         ("GET", ["workers"]) => workers(ctx),
         ("GET", ["stats"]) => admin_stats(ctx),
         ("POST", ["workers", id, "drain"]) => drain(ctx, id, &req.body),
+        ("POST", ["workers", id, "stay-awake"]) => super::power::stay_awake(ctx, id, &req.body),
         ("POST", ["models", "refresh"]) => refresh(ctx),
         ("GET", ["keys"]) => list_keys(ctx),
         ("POST", ["keys"]) => create_key(ctx, &req.body),
@@ -343,7 +344,8 @@ pub fn workers(ctx: &Ctx) -> AdminResult {
                     v
                 })
                 .collect();
-            Ok((200, json!({ "workers": list })))
+            let sleeping = super::power::sleeping(ctx);
+            Ok((200, json!({ "workers": list, "sleeping": sleeping })))
         }
         _ => Err(unavailable()),
     }

@@ -27,6 +27,29 @@ pub fn options() -> OpenOptions {
     options
 }
 
+/// Replaces `dir/name` with `body` atomically and owner-only: a temporary file, fsync,
+/// rename over the old one, fsync the directory. A crash leaves the old file or the new
+/// one, never half of either. The error says which step failed.
+pub fn replace(dir: &Path, name: &str, body: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    let fail = |what: &str, e: io::Error| format!("{what}: {e}");
+    create_dir(dir).map_err(|e| fail("create state dir", e))?;
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut file = options()
+        .write(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(|e| fail("open temp file", e))?;
+    file.write_all(body).map_err(|e| fail("write", e))?;
+    file.sync_all().map_err(|e| fail("fsync", e))?;
+    drop(file);
+    fs::rename(&tmp, dir.join(name)).map_err(|e| fail("rename", e))?;
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use std::os::unix::fs::PermissionsExt;

@@ -276,6 +276,17 @@ impl Session<'_, '_> {
                     self.head = self.held.head(&headers);
                     continue;
                 }
+                ClientEvent::Waking { worker } => {
+                    let framing = self.open_stream(&mut buf);
+                    // A worker names itself: no line break may end the comment early.
+                    let name: String = worker
+                        .chars()
+                        .take(64)
+                        .map(|c| if c.is_control() { '?' } else { c })
+                        .collect();
+                    let note = format!(": waking {name}\n\n");
+                    response::push_chunk(&mut buf, note.as_bytes(), framing);
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
@@ -284,7 +295,8 @@ impl Session<'_, '_> {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
                             ClientEvent::Dispatched { .. }
                             | ClientEvent::Queued { .. }
-                            | ClientEvent::Head(_) => {}
+                            | ClientEvent::Head(_)
+                            | ClientEvent::Waking { .. } => {}
                             other => {
                                 last = Some(other);
                                 break;
@@ -529,8 +541,13 @@ impl Session<'_, '_> {
                 self.push_stream_error(buf, framing, &e);
             }
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
-            (_, ClientEvent::Queued { .. } | ClientEvent::Dispatched { .. })
-            | (_, ClientEvent::Head(_)) => {}
+            (
+                _,
+                ClientEvent::Queued { .. }
+                | ClientEvent::Waking { .. }
+                | ClientEvent::Dispatched { .. }
+                | ClientEvent::Head(_),
+            ) => {}
         }
     }
 

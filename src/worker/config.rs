@@ -118,6 +118,72 @@ pub const OPTIONS: &[Opt] = &[
         default: Some("info"),
         help: "error, warn, info, debug or trace (RUST_LOG also works)",
     },
+    Opt {
+        flag: "wake-on-lan",
+        env: "WAKE_ON_LAN",
+        default: Some("off"),
+        help: "on: tell the relay this box's Wake-on-LAN address, so it is remembered asleep when it goes away and woken when needed",
+    },
+    Opt {
+        flag: "wake-mac",
+        env: "WAKE_MAC",
+        default: None,
+        help: "MAC address to wake this box at [default: the interface that routes to the relay] (implies WAKE_ON_LAN)",
+    },
+    Opt {
+        flag: "wake-broadcast",
+        env: "WAKE_BROADCAST",
+        default: None,
+        help: "broadcast address (IP or IP:port) the magic packet for this box goes to [default: that interface's LAN, port 9]",
+    },
+    Opt {
+        flag: "wake-peers",
+        env: "WAKE_PEERS",
+        default: Some("on"),
+        help: "on: send Wake-on-LAN packets to other boxes when the relay asks",
+    },
+    Opt {
+        flag: "idle-suspend-secs",
+        env: "IDLE_SUSPEND_SECS",
+        default: Some("0"),
+        help: "after this long without a request, ask the relay to sleep, then disconnect and run SUSPEND_CMD (0: never)",
+    },
+    Opt {
+        flag: "suspend-cmd",
+        env: "SUSPEND_CMD",
+        default: None,
+        help: "command (sh -c) that suspends this box, e.g. `systemctl suspend`",
+    },
+    Opt {
+        flag: "stay-awake",
+        env: "STAY_AWAKE",
+        default: Some("off"),
+        help: "on: never ask to sleep (pins the box awake)",
+    },
+    Opt {
+        flag: "owner-busy-cmd",
+        env: "OWNER_BUSY_CMD",
+        default: None,
+        help: "command (sh -c) whose exit status 0 means the box's owner uses it: take nothing new meanwhile",
+    },
+    Opt {
+        flag: "owner-gpu-check",
+        env: "OWNER_GPU_CHECK",
+        default: Some("off"),
+        help: "on: a GPU compute process other than an inference backend (nvidia-smi) means the owner is busy",
+    },
+    Opt {
+        flag: "owner-check-secs",
+        env: "OWNER_CHECK_SECS",
+        default: Some("10"),
+        help: "how often the owner check runs",
+    },
+    Opt {
+        flag: "owner-unload",
+        env: "OWNER_UNLOAD",
+        default: Some("off"),
+        help: "on: unload the backend's models while the owner is busy, to hand the VRAM back",
+    },
 ];
 
 /// Which models to advertise.
@@ -153,6 +219,8 @@ pub struct WorkerConfig {
     pub protocol_version: String,
     pub max_ws_message_bytes: usize,
     pub ca_file: Option<String>,
+    /// Wake-on-LAN and sleep settings (`worker/power/`).
+    pub power: super::power::PowerConfig,
 }
 
 impl WorkerConfig {
@@ -212,6 +280,7 @@ impl WorkerConfig {
             protocol_version: s.string("protocol-version", BRIDGE_PROTOCOL_VERSION),
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
             ca_file: s.get("ca-file").map(str::to_string),
+            power: super::power::PowerConfig::from_settings(s)?,
         })
     }
 }

@@ -38,6 +38,11 @@ pub fn run_forever(shared: Arc<Shared>) {
                         if shared.is_draining() {
                             return;
                         }
+                        // Asleep: no reconnection until the box resumes, then at once.
+                        if shared.power.sleep.hold() {
+                            info!("awake again: reconnecting");
+                            continue;
+                        }
                         warn!("disconnected from server: {reason}; reconnecting");
                         MIN_BACKOFF
                     }

@@ -23,6 +23,7 @@ pub mod connection;
 pub mod health;
 pub mod inflight;
 pub mod lifecycle;
+pub mod power;
 pub mod session;
 pub mod slots;
 pub mod stream_usage;
@@ -70,6 +71,7 @@ pub struct Shared {
     pub slots: slots::Slots,
     /// Model operations and `worker_status` (`lifecycle/`).
     pub lifecycle: lifecycle::Lifecycle,
+    pub power: power::Power,
     draining: AtomicBool,
     /// Closed (by dropping the sender) when a drain starts, to wake sleeping threads.
     drain_signal: Mutex<Option<Sender<()>>>,
@@ -131,6 +133,7 @@ impl Worker {
             tls,
             slots: slots::Slots::default(),
             lifecycle: lifecycle::Lifecycle::default(),
+            power: power::Power::new(&cfg.power, &cfg.connect_url),
             draining: AtomicBool::new(false),
             drain_signal: Mutex::new(Some(drain_tx)),
             drain_wait,
@@ -151,6 +154,14 @@ impl Worker {
         let _ = std::thread::Builder::new()
             .name("status".into())
             .spawn(move || lifecycle::status::run(&s));
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("power".into())
+            .spawn(move || power::suspend::run(&s));
+        let s = shared.clone();
+        let _ = std::thread::Builder::new()
+            .name("owner".into())
+            .spawn(move || power::owner::run(&s));
         let s = shared.clone();
         let _ = std::thread::Builder::new()
             .name("connection".into())

@@ -97,6 +97,10 @@ pub struct Link {
     pub lifecycle: bool,
     /// The last `worker_status` this server got (see `lifecycle::status`).
     pub status_told: Arc<parking_lot::Mutex<WorkerStatus>>,
+    /// The server answers `sleep_request` (`worker/power/suspend.rs`).
+    pub sleep: bool,
+    /// The server reads `owner_status` (`worker/power/owner.rs`).
+    pub owner_yield: bool,
 }
 
 /// How a session ended.
@@ -149,8 +153,11 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         told: Arc::new(parking_lot::Mutex::new(told)),
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
+        sleep: has(protocol::power::FEATURE_SLEEP),
+        owner_yield: has(protocol::power::FEATURE_OWNER_YIELD),
     };
     *shared.session.lock() = Some(link.clone());
+    super::power::owner::announce_busy(shared);
     if shared.is_draining() {
         announce_drain(shared, &link);
     }
@@ -184,24 +191,27 @@ fn register_message(shared: &Shared) -> RegisterMessage {
     };
     let loaded_models = shared.residency.loaded_among(&models);
     let model_info = shared.residency.info_among(&models);
+    let mut features: Vec<String> = vec![
+        protocol::FEATURE_CANCEL_ACK.into(),
+        protocol::FEATURE_WORKER_DRAIN.into(),
+        protocol::FEATURE_FAILOVER.into(),
+        protocol::FEATURE_BACKEND_HEALTH.into(),
+        FEATURE_LIFECYCLE.into(),
+        protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
+        protocol::FEATURE_RESPONSE_HEAD.into(),
+    ];
+    features.extend(super::power::features(&shared.cfg.power));
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
         models,
         max_concurrent: shared.cfg.max_concurrency,
         protocol_version: Some(shared.cfg.protocol_version.clone()),
         current_load: Some(shared.inflight.len() as u32),
-        features: vec![
-            protocol::FEATURE_CANCEL_ACK.into(),
-            protocol::FEATURE_WORKER_DRAIN.into(),
-            protocol::FEATURE_FAILOVER.into(),
-            protocol::FEATURE_BACKEND_HEALTH.into(),
-            FEATURE_LIFECYCLE.into(),
-            protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
-            protocol::FEATURE_RESPONSE_HEAD.into(),
-        ],
+        features,
         loaded_models,
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
         model_info,
+        wake: shared.power.wake.clone(),
     }
 }
 
@@ -317,6 +327,7 @@ fn serve(
         }
         match msg {
             ServerMessage::Request(req) => {
+                shared.power.sleep.touch();
                 shared.slots.submit(shared, req, out.clone());
             }
             ServerMessage::Cancel { request_id, reason } => {
@@ -357,6 +368,14 @@ fn serve(
             }
             ServerMessage::ModelOperation(op) => {
                 super::lifecycle::start(shared, op, out.clone());
+            }
+            ServerMessage::WakePeer {
+                worker_name,
+                mac,
+                broadcast,
+            } => super::power::wake::wake_peer(&worker_name, &mac, &broadcast),
+            ServerMessage::SleepAnswer { granted, reason } => {
+                shared.power.sleep.answered(granted, reason)
             }
             ServerMessage::RegisterAck(_) => debug!("unexpected second register_ack; ignored"),
             ServerMessage::Unknown(kind) => {

@@ -63,6 +63,17 @@ pub fn snapshot(ctx: &Ctx) -> Option<Value> {
     let keys = ctx.keys.as_ref().map(|k| k.list()).unwrap_or_default();
     Some(json!({
         "workers": workers["workers"].take(),
+        // Without the ticking figures: the page computes them from `asleep_since_unix`.
+        "sleeping": workers["sleeping"].as_array_mut().map(|list| {
+            for s in list.iter_mut() {
+                if let Some(s) = s.as_object_mut() {
+                    s.remove("hours_asleep");
+                    s.remove("energy_saved_wh");
+                }
+            }
+            list.clone()
+        }),
+        "idle_watts": ctx.cfg.idle_watts,
         "stats": stats,
         "activity": ctx.http_metrics.recent_view(),
         "keys": keys,

@@ -17,6 +17,7 @@
 //! | `outliers.rs` | backends reported down, outlier ejection, failover targets |
 //! | `routing.rs` | which worker takes a request: one ranked choice (capability, health, loaded model, cache affinity, least load, round robin) |
 //! | `affinity.rs` | which prompt prefixes each worker was sent lately (bounded LRU) |
+//! | `sleepers.rs` | sleeping boxes: whom to wake for a request, when to give up |
 //! | `registry.rs`, `stats.rs` | the other data it owns |
 
 pub mod affinity;
@@ -28,6 +29,7 @@ mod requests;
 pub mod routing;
 pub mod runtime;
 mod shutdown;
+pub mod sleepers;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -46,6 +48,7 @@ pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
 pub use outliers::Health;
 pub use registry::Needs;
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};
+pub use sleepers::{SleeperRecord, WakeConfig};
 pub use stats::{Counters, Gauges, LiveLoad};
 
 /// Internal request key; the wire id is [`wire_request_id`] of it.
@@ -91,6 +94,8 @@ pub struct Config {
     /// How long a request may wait for its full cached worker (`AFFINITY_WAIT_MS`; zero:
     /// never).
     pub affinity_wait: Duration,
+    /// Waking sleeping boxes (`WAKE_*`).
+    pub wake: WakeConfig,
 }
 
 /// What a zero timeout stands for: far enough to never come, near enough that adding it
@@ -135,6 +140,7 @@ impl Default for Config {
             outlier_consecutive_failures: 5,
             affinity: true,
             affinity_wait: Duration::from_millis(DEFAULT_AFFINITY_WAIT_MS),
+            wake: WakeConfig::default(),
         }
     }
 }
@@ -186,6 +192,9 @@ pub enum Action {
     CloseWorker(WorkerId, String),
     /// Deliver to the waiting client; `Complete` and `Failed` are final.
     ToClient(RequestId, ClientEvent),
+    /// Send a Wake-on-LAN magic packet from the relay (`WAKE_FROM_RELAY`) to wake the
+    /// named box.
+    SendWake(String, crate::power::WakeAddress),
     /// Shutdown finished: the process may exit.
     Exit,
 }
@@ -204,6 +213,9 @@ pub enum ClientEvent {
     Queued { position: usize, eta_ms: u64 },
     /// The backend's headers of a streamed answer, before its first chunk.
     Head(HeaderMap),
+    /// Still waiting (only for requests that asked for progress): for this sleeping
+    /// box to wake up.
+    Waking { worker: String },
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
     /// The worker finished; final.
@@ -252,6 +264,12 @@ pub enum Failure {
     WorkerLost,
     /// The client went away (never written anywhere; closes the bookkeeping).
     ClientGone,
+    /// Only a sleeping box serves the model, and it did not come back (or nothing could
+    /// wake it): `detail` says which.
+    Asleep {
+        worker: String,
+        detail: String,
+    },
 }
 
 impl Failure {
@@ -270,6 +288,7 @@ impl Failure {
             Failure::WorkerError { .. } => "worker_error",
             Failure::WorkerLost => "worker_disconnected",
             Failure::ClientGone => "client_closed_request",
+            Failure::Asleep { .. } => "worker_asleep",
         }
     }
 }
@@ -296,6 +315,8 @@ enum Timer {
     WorkerDrain(WorkerId),
     /// A model operation's time is up.
     Task(u64),
+    /// A box being woken did not come back in time.
+    Wake(u64),
     Ping,
     Shutdown,
 }
@@ -350,6 +371,8 @@ struct Request {
     /// own (one context switch less per request; the client needs it only for headers
     /// and the access log).
     untold_dispatch: Option<ClientEvent>,
+    /// The sleeping box it waits for (its queue deadline then is the wake's).
+    waking_for: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,6 +402,9 @@ pub struct Dispatcher {
     tasks: lifecycle::Tasks,
     /// Which prompt prefixes each worker was sent lately, and who waits for whom.
     affinity: affinity::Affinity,
+    /// Boxes asleep, and the wake under way for each.
+    sleepers: sleepers::Sleepers,
+    next_wake_seq: u64,
 }
 
 impl Dispatcher {
@@ -397,6 +423,8 @@ impl Dispatcher {
             models_version: 0,
             tasks: lifecycle::Tasks::default(),
             affinity: affinity::Affinity::default(),
+            sleepers: sleepers::Sleepers::default(),
+            next_wake_seq: 0,
             cfg,
         };
         d.timers
@@ -515,6 +543,7 @@ impl Dispatcher {
                 Timer::WorkerSilent(id) => self.heartbeat_expired(id),
                 Timer::WorkerDrain(id) => self.close_worker(id, "drain timeout reached", now),
                 Timer::Task(number) => self.task_timed_out(number, now),
+                Timer::Wake(seq) => self.wake_expired(seq, now),
                 Timer::Ping => self.ping_all(now),
                 Timer::Shutdown => self.shutdown_deadline(),
             }

@@ -68,6 +68,12 @@ pub struct Worker {
     model_info: Option<ModelInfoMap>,
     /// Its backend's version and resources (`worker_status`), when reported.
     pub status: WorkerStatus,
+    /// Where a magic packet wakes its box, when it said (`register.wake`).
+    pub wake: Option<crate::power::WakeAddress>,
+    /// The operator pinned it awake: it is never granted sleep.
+    pub stay_awake: bool,
+    /// Since when its box's owner uses it (`owner_status`): it takes nothing new.
+    pub yielded: Option<Instant>,
 }
 
 /// Whether a worker takes new work.
@@ -115,6 +121,9 @@ impl Worker {
             backend_kind: None,
             model_info: None,
             status: WorkerStatus::default(),
+            wake: None,
+            stay_awake: false,
+            yielded: None,
         }
     }
 
@@ -204,7 +213,10 @@ impl Worker {
 
     /// Takes new work: not draining, backend up and not ejected, a slot free.
     pub fn has_free_slot(&self) -> bool {
-        !self.is_draining() && self.health == Health::Up && self.load() < self.max_concurrent
+        !self.is_draining()
+            && self.yielded.is_none()
+            && self.health == Health::Up
+            && self.load() < self.max_concurrent
     }
 
     pub fn serves(&self, model: &str) -> bool {

@@ -43,7 +43,7 @@ impl Dispatcher {
             let model = msg.model.clone();
             return self.fail(id, Failure::UnsupportedCapability { model, capability });
         }
-        if self.model_is_unknown(&msg.model, now) {
+        if self.model_is_unknown(&msg.model, now) && !self.sleeping_model(&msg.model) {
             let available = self.registry.routable_models();
             info!(
                 "request {} rejected: model `{}` not found",
@@ -71,6 +71,7 @@ impl Dispatcher {
             deadline: queue_deadline,
             timer_at: queue_deadline,
             untold_dispatch: None,
+            waking_for: None,
         };
         let (worker, verdict) = match self.route(&request) {
             Route::Go(worker, verdict) => (Some(worker), verdict),
@@ -111,6 +112,7 @@ impl Dispatcher {
         );
         self.requests.insert(id, request);
         self.enqueue(id, now);
+        self.wake_for(id, now);
     }
 
     /// Whether a request that must wait may join the queue: a named tenant's share
@@ -189,12 +191,13 @@ impl Dispatcher {
         let Some(position) = self.queue.position(id) else {
             return;
         };
+        let note = self.waking_note(id);
         let per_request = match self.drain_rate(now) {
             Some(r) if r > 0.0 => 1000.0 / r,
             _ => self.counters.mean_wait().as_millis() as f64,
         };
         let eta_ms = ((position + 1) as f64 * per_request) as u64;
-        self.reply(id, ClientEvent::Queued { position, eta_ms });
+        self.reply(id, note.unwrap_or(ClientEvent::Queued { position, eta_ms }));
         let next = now + PROGRESS_EVERY;
         if let Some(req) = self.requests.get_mut(&id) {
             req.progress_at = Some(next);
@@ -531,7 +534,9 @@ impl Dispatcher {
                 self.end_hold(id);
                 let failure = match self.no_healthy_worker(&model, now) {
                     Some(retry_after_secs) => Failure::NoHealthyWorker { retry_after_secs },
-                    None => Failure::QueueTimeout,
+                    None => self
+                        .asleep_failure(id, &model)
+                        .unwrap_or(Failure::QueueTimeout),
                 };
                 info!("request {wire} failed: {}", failure.code());
                 self.queue.remove(id);

@@ -78,7 +78,10 @@ pub enum Verdict {
 
 /// The ranked choice (see the module docs). Pure: the caller notes the pick.
 pub fn choose(reg: &Registry, affinity: &Affinity, ask: &Ask) -> Route {
-    let up = |w: &Worker| w.serves(ask.model) && w.health == Health::Up && !w.is_draining();
+    // A worker yielded to its box's owner (`owner_status`) takes nothing new.
+    let up = |w: &Worker| {
+        w.serves(ask.model) && w.health == Health::Up && !w.is_draining() && w.yielded.is_none()
+    };
     // A request goes back to a worker it failed on only when no other is up.
     let avoid_failed =
         !ask.failed_on.is_empty() && reg.iter().any(|w| up(w) && !ask.failed_on.contains(&w.id));

@@ -62,6 +62,13 @@ pub enum Query {
     StartOperation(OperationRequest, std::time::Duration),
     /// A model operation by task id.
     Task(String),
+    /// The sleeping boxes (`/admin/workers`).
+    Sleepers,
+    /// Pin a worker awake (it is never granted sleep), or unpin it.
+    StayAwake {
+        worker: WorkerId,
+        on: bool,
+    },
 }
 
 /// Answers to [`Query`].
@@ -74,6 +81,22 @@ pub enum Answer {
     LiveLoad(Box<LiveLoad>),
     Operation(Result<TaskView, OpRefusal>),
     Task(Option<TaskView>),
+    Sleepers(Vec<SleeperInfo>),
+}
+
+/// A sleeping box as `/admin/workers` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SleeperInfo {
+    pub name: String,
+    pub models: Vec<String>,
+    /// `asleep` or `waking`.
+    pub power: &'static str,
+    /// Since when it sleeps (Unix seconds).
+    pub asleep_since_unix: u64,
+    /// Since when it is being woken.
+    pub waking_since_unix: Option<u64>,
+    pub wake_mac: String,
+    pub wake_broadcast: String,
 }
 
 /// Asks the dispatcher thread `query` and waits for its answer (at most 5 s); `None`
@@ -124,6 +147,15 @@ pub struct WorkerInfo {
     /// Prompt-prefix fingerprints remembered for it (cache affinity; at most
     /// 2,048).
     pub affinity_fingerprints: usize,
+    /// `awake`, or `yielded` while its box's owner uses it (sleeping boxes are listed
+    /// apart, see [`SleeperInfo`]).
+    pub power: &'static str,
+    /// Since when it is yielded.
+    pub power_since_unix: Option<u64>,
+    /// Whether it said where it is woken (`register.wake`).
+    pub wakeable: bool,
+    /// Pinned awake by the operator: never granted sleep.
+    pub stay_awake: bool,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -144,7 +176,13 @@ const BATCH: usize = 32;
 
 /// Runs the dispatcher until it reports that shutdown is complete (or every input
 /// sender is gone).
-pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
+pub fn run(
+    mut core: Dispatcher,
+    inputs: Receiver<Input>,
+    shared: Arc<Shared>,
+    sleepers: crate::server::power::SleeperStore,
+) {
+    let mut sleepers_version = core.sleepers().version();
     let mut clients: HashMap<RequestId, Sender<ClientEvent>> = HashMap::new();
     let mut workers: HashMap<WorkerId, Sender<Outbound>> = HashMap::new();
     let mut models_version = u64::MAX;
@@ -176,6 +214,12 @@ pub fn run(mut core: Dispatcher, inputs: Receiver<Input>, shared: Arc<Shared>) {
             shared.set_models(core.registry().routable_models());
             shared.set_loaded(core.registry().loaded_models());
             shared.set_model_info(core.registry().model_info());
+        }
+        if core.sleepers().version() != sleepers_version {
+            sleepers_version = core.sleepers().version();
+            if let Err(e) = sleepers.save(core.sleepers().records()) {
+                log::warn!("{e}");
+            }
         }
         if exit {
             return;
@@ -294,6 +338,8 @@ fn answer(core: &mut Dispatcher, query: Query, now: Instant) -> (Answer, Vec<Act
             (Answer::Operation(started), core.tick(now))
         }
         Query::Task(id) => (Answer::Task(core.task(&id, now)), Vec::new()),
+        Query::Sleepers => (Answer::Sleepers(sleeper_infos(core)), Vec::new()),
+        Query::StayAwake { worker, on } => (Answer::Done(core.stay_awake(worker, on)), Vec::new()),
         Query::RefreshModels => {
             let any = !core.registry().is_empty();
             (Answer::Done(any), core.handle(Event::RefreshModels, now))
@@ -351,6 +397,33 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
                 .map(|(_, model, progress, eta)| (model.clone(), *progress, *eta))
                 .collect(),
             affinity_fingerprints: core.fingerprints_held(w.id),
+            power: if w.yielded.is_some() {
+                "yielded"
+            } else {
+                "awake"
+            },
+            power_since_unix: w.yielded.map(unix),
+            wakeable: w.wake.is_some(),
+            stay_awake: w.stay_awake,
+        })
+        .collect()
+}
+
+fn sleeper_infos(core: &Dispatcher) -> Vec<SleeperInfo> {
+    core.sleepers()
+        .iter()
+        .map(|s| SleeperInfo {
+            name: s.record.name.clone(),
+            models: s.record.models.clone(),
+            power: if s.waking.is_some() {
+                "waking"
+            } else {
+                "asleep"
+            },
+            asleep_since_unix: s.record.since_unix,
+            waking_since_unix: s.waking.as_ref().map(|w| w.since_unix),
+            wake_mac: s.record.wake.mac.clone(),
+            wake_broadcast: s.record.wake.broadcast.clone(),
         })
         .collect()
 }
@@ -386,6 +459,7 @@ fn execute(
                     debug!("client of request {id} is gone; event dropped");
                 }
             }
+            Action::SendWake(name, wake) => crate::server::power::send_wake(&name, &wake),
             Action::Exit => exit = true,
         }
     }

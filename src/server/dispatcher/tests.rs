@@ -60,6 +60,7 @@ impl Harness {
             loaded_models: None,
             backend_kind: None,
             model_info: None,
+            wake: None,
         };
         self.ev(Event::WorkerJoined {
             id,
@@ -227,6 +228,7 @@ fn register_is_acked_with_sanitized_models_and_warnings() {
         loaded_models: None,
         backend_kind: None,
         model_info: None,
+        wake: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 7,
@@ -256,6 +258,7 @@ fn unsupported_protocol_version_is_closed_without_registering() {
         loaded_models: None,
         backend_kind: None,
         model_info: None,
+        wake: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 1,

@@ -50,6 +50,9 @@ impl Dispatcher {
             protocol::FEATURE_BACKEND_HEALTH,
             protocol::FEATURE_FAILOVER,
             protocol::FEATURE_RESPONSE_HEAD,
+            protocol::power::FEATURE_WAKE_PEERS,
+            protocol::power::FEATURE_SLEEP,
+            protocol::power::FEATURE_OWNER_YIELD,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -78,6 +81,8 @@ impl Dispatcher {
         worker.set_loaded(reg.loaded_models);
         worker.backend_kind = reg.backend_kind;
         worker.set_model_info(reg.model_info);
+        worker.wake = reg.wake;
+        self.box_awake(&worker.name, now);
         let heartbeat_interval_secs = worker
             .features
             .iter()
@@ -225,6 +230,8 @@ impl Dispatcher {
                     w.set_status(status);
                 }
             }
+            WorkerMessage::SleepRequest {} => self.sleep_request(worker, now),
+            WorkerMessage::OwnerStatus { busy } => self.owner_status(worker, busy, now),
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")
@@ -347,6 +354,7 @@ impl Dispatcher {
             return;
         };
         self.affinity.forget_worker(worker);
+        self.box_asleep(&w, w.drain == DrainState::DrainingCloseWhenIdle);
         self.tasks_worker_left(worker, now);
         self.timers.remove(&(
             w.last_seen + self.cfg.heartbeat_timeout,

@@ -251,6 +251,22 @@ fn run(shared: &Shared, op: &ModelOperation, out: &Out) {
     }
 }
 
+/// Runs an operation the worker decided on itself (the owner check's unloads), with no
+/// server to report to: the adapter's final message, or why it failed.
+pub fn run_here(shared: &Shared, op: &ModelOperation) -> Result<String, String> {
+    let kind = shared.residency.kind();
+    let mut emit = |_: OperationStatus| {};
+    let mut progress = Progress::new(&mut emit, &op.operation_id, "local");
+    let outcome = execute(shared, kind, op, &mut progress);
+    let message = outcome.message().to_string();
+    if matches!(outcome, Outcome::Completed(_)) {
+        super::refresh_models(shared, false);
+        Ok(message)
+    } else {
+        Err(message)
+    }
+}
+
 /// Runs one operation against the backend of `kind`.
 fn execute(
     shared: &Shared,

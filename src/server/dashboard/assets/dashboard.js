@@ -70,7 +70,19 @@
   function renderWorkers() {
     $('no-workers').hidden = snap.workers.length > 0;
     syncRows($('workers').tBodies[0], snap.workers, (w) => w.id, buildWorker, updateWorker);
+    renderSleeping();
     tickAges();
+  }
+
+  // Boxes asleep (Wake-on-LAN) or being woken, and the energy their sleep saved.
+  function renderSleeping() {
+    const list = snap.sleeping || [];
+    $('sleeping').hidden = !list.length;
+    setText($('sleeping'), list.length ? 'Sleeping boxes: ' + list.map((s) => {
+      const hours = Math.max(0, serverNow() - s.asleep_since_unix) / 3600;
+      const saved = snap.idle_watts ? ', ' + Math.round(hours * snap.idle_watts) + ' Wh saved' : '';
+      return s.name + ' (' + s.power + ', asleep since ' + date(s.asleep_since_unix) + saved + ')';
+    }).join('; ') : '');
   }
 
   function buildWorker(w) {
@@ -99,7 +111,7 @@
     c[2].title = 'available: ' + w.models.join(', ');
     setText(c[3], w.in_flight + ' / ' + w.max_concurrent);
     setText(c[4], w.reported_load);
-    const state = w.draining ? 'draining' : w.backend_state;
+    const state = w.draining ? 'draining' : w.power === 'yielded' ? 'yielded' : w.backend_state;
     setText(c[6], state);
     c[6].className = 'state ' + state;
     c[6].title = w.backend_reason || '';

@@ -37,6 +37,7 @@ fn join(
         loaded_models: Some(loaded.iter().map(|m| m.to_string()).collect()),
         backend_kind: Some("ollama".into()),
         model_info: None,
+        wake: None,
     };
     d.handle(
         Event::WorkerJoined {

@@ -55,6 +55,7 @@ impl Harness {
             loaded_models: loaded.map(|l| l.iter().map(|m| m.to_string()).collect()),
             backend_kind: None,
             model_info: None,
+            wake: None,
         };
         let remote = "127.0.0.1:1".into();
         self.d.handle(
