@@ -1,5 +1,6 @@
 //! The worker's table of running requests: cancel handles, the live load, and a way to
-//! wait until everything finished (for drain).
+//! wait until everything finished (for drain). A request is known by its relay (the
+//! index in `PROXY_URL`) and its id: two relays number their requests alike.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,37 +49,56 @@ impl Handle {
     }
 }
 
+/// A request's key: its relay and its id.
+type Key = (usize, String);
+
 #[derive(Default)]
 pub struct InFlight {
-    table: Mutex<HashMap<String, Arc<Handle>>>,
+    table: Mutex<HashMap<Key, Arc<Handle>>>,
     changed: Condvar,
 }
 
 impl InFlight {
-    /// Registers a request; `None` if the id is already running.
-    pub fn insert(&self, id: &str) -> Option<Arc<Handle>> {
+    /// Registers a request; `None` if the id is already running for that relay.
+    pub fn insert(&self, relay: usize, id: &str) -> Option<Arc<Handle>> {
         let mut table = self.table.lock();
-        if table.contains_key(id) {
+        let key = (relay, id.to_string());
+        if table.contains_key(&key) {
             return None;
         }
         let handle = Arc::new(Handle::default());
-        table.insert(id.to_string(), handle.clone());
+        table.insert(key, handle.clone());
         Some(handle)
     }
 
-    pub fn remove(&self, id: &str) {
-        self.table.lock().remove(id);
+    pub fn remove(&self, relay: usize, id: &str) {
+        self.table.lock().remove(&(relay, id.to_string()));
         self.changed.notify_all();
     }
 
     /// Cancels one request; false if it is not running.
-    pub fn cancel(&self, id: &str) -> bool {
-        let handle = self.table.lock().get(id).cloned();
+    pub fn cancel(&self, relay: usize, id: &str) -> bool {
+        let handle = self.table.lock().get(&(relay, id.to_string())).cloned();
         handle.map(|h| h.cancel()).is_some()
     }
 
     pub fn cancel_all(&self) {
-        let handles: Vec<Arc<Handle>> = self.table.lock().values().cloned().collect();
+        self.cancel_where(|_| true);
+    }
+
+    /// Cancels the requests of one relay (its session ended: answers cannot reach it).
+    pub fn cancel_relay(&self, relay: usize) {
+        self.cancel_where(|r| r == relay);
+    }
+
+    fn cancel_where(&self, which: impl Fn(usize) -> bool) {
+        let handles: Vec<Arc<Handle>> = self
+            .table
+            .lock()
+            .iter()
+            .filter(|((r, _), _)| which(*r))
+            .map(|(_, h)| h.clone())
+            .collect();
         for h in handles {
             h.cancel();
         }

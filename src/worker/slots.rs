@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use super::backend::{fresh_agent, Outcome};
 use super::health;
 use super::inflight::Handle;
-use super::session::Out;
+use super::relays::session::{Link, Out};
 use super::trim;
 use super::Shared;
 use crate::protocol::{RequestMessage, WorkerMessage};
@@ -30,6 +30,10 @@ pub struct Job {
     pub handle: Arc<Handle>,
     /// The writer of the session the request came in on.
     pub out: Out,
+    /// That session's relay (its index in `PROXY_URL`).
+    pub relay: usize,
+    /// That relay reads `error.retryable` and runs such requests elsewhere.
+    pub failover: bool,
 }
 
 #[derive(Default)]
@@ -65,15 +69,21 @@ impl Slots {
     }
 
     /// Hands a request to an idle slot, or queues it. False for a duplicate id.
-    pub fn submit(&self, shared: &Shared, req: Arc<RequestMessage>, out: Out) -> bool {
-        let Some(handle) = shared.inflight.insert(&req.request_id) else {
+    pub fn submit(&self, shared: &Shared, req: Arc<RequestMessage>, link: &Link) -> bool {
+        let Some(handle) = shared.inflight.insert(link.relay, &req.request_id) else {
             warn!(
                 "request {} is already running; duplicate ignored",
                 req.request_id
             );
             return false;
         };
-        let job = Job { req, handle, out };
+        let job = Job {
+            req,
+            handle,
+            out: link.out.clone(),
+            relay: link.relay,
+            failover: link.failover,
+        };
         let idle = {
             let mut state = self.state.lock();
             match state.idle.pop() {
@@ -146,7 +156,7 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
     };
     // Off the books before the error goes out: a server that fails the request over
     // may send the same id straight back here, and must not find it still running.
-    shared.inflight.remove(id);
+    shared.inflight.remove(job.relay, id);
     if let Some(r) = report {
         job.out.send(&r.into_message(id));
     }
@@ -167,7 +177,7 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
             "forwarding request {}: {} {} (stream: {})",
             job.req.request_id, job.req.model, job.req.endpoint_path, job.req.is_streaming
         );
-        let failover = shared.session.lock().as_ref().is_some_and(|l| l.failover);
+        let failover = job.failover;
         let trim =
             trim::attempts::wanted(shared.cfg.context_trim, &job.req).then(|| trim::Policy {
                 contexts: &shared.contexts,

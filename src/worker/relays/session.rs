@@ -1,4 +1,4 @@
-//! One registered connection to the server. This thread reads; the backend slots and
+//! One registered connection to one relay. Its connection thread reads; the backend slots and
 //! the reader write whole frames through [`SessionWriter`], whose lock covers only the
 //! write half, so frames never interleave, no lock is held while a read blocks, and a
 //! chunk leaves the moment its slot read it from the backend (no writer thread to wake).
@@ -13,11 +13,11 @@ use std::sync::Mutex;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
-use super::health::{self, Told};
-use super::{Control, Shared};
 use crate::net::Stream;
 use crate::protocol::lifecycle::{WorkerStatus, FEATURE_LIFECYCLE};
 use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::worker::health::{self, Told};
+use crate::worker::{Control, Shared};
 use crate::ws::{self, close_code, ReadHalf, Writer};
 
 /// The write half of the session's socket, shared by every thread that sends.
@@ -79,10 +79,12 @@ impl SessionWriter {
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The link other threads use to reach the current session.
+/// The link other threads use to reach one relay's current session.
 #[derive(Clone)]
 pub struct Link {
     pub out: Out,
+    /// The relay's index in `PROXY_URL`.
+    pub relay: usize,
     /// The server understands `worker_draining`.
     pub server_drain: bool,
     /// The server understands `backend_status`.
@@ -106,8 +108,8 @@ pub enum End {
     NotRegistered(String),
 }
 
-/// Registers on a connected socket and serves it until it ends.
-pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
+/// Registers on a connected socket to relay `relay` and serves it until it ends.
+pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     let max = shared.cfg.max_ws_message_bytes;
     let (Ok(read_stream), Ok(write_stream)) = (stream.try_clone(), stream.try_clone()) else {
         return End::NotRegistered("cannot clone socket".into());
@@ -134,12 +136,13 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         warn!("server warning: {w}");
     }
     info!(
-        "registered with server as {} (models: {:?})",
-        ack.worker_id, ack.models
+        "registered with {} as {} (models: {:?})",
+        shared.cfg.connect_urls[relay], ack.worker_id, ack.models
     );
     let has = |feature: &str| ack.features.iter().any(|f| f == feature);
     let link = Link {
         out: out.clone(),
+        relay,
         server_drain: has(protocol::FEATURE_WORKER_DRAIN),
         backend_health: has(protocol::FEATURE_BACKEND_HEALTH),
         failover: has(protocol::FEATURE_FAILOVER),
@@ -147,7 +150,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
     };
-    *shared.session.lock() = Some(link.clone());
+    shared.relays.set(relay, Some(link.clone()));
     if shared.is_draining() {
         announce_drain(shared, &link);
     }
@@ -159,12 +162,13 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         &mut ctx,
         &mut reader,
         shared,
-        &out,
+        &link,
         ack.heartbeat_interval_secs,
     );
-    *shared.session.lock() = None;
-    // Answers can no longer be delivered: stop the backend; the server requeues.
-    shared.inflight.cancel_all();
+    shared.relays.set(relay, None);
+    // This relay's answers can no longer be delivered: stop them at the backend (the
+    // relay requeues them); the other relays' requests run on.
+    shared.inflight.cancel_relay(relay);
     out.close(close_code::GOING_AWAY, "worker reconnecting");
     End::Lost(reason)
 }
@@ -286,9 +290,10 @@ fn serve(
     ctx: &mut WebSocketContext,
     reader: &mut ReadHalf<Stream>,
     shared: &Arc<Shared>,
-    out: &Out,
+    link: &Link,
     announced: Option<u64>,
 ) -> String {
+    let out = &link.out;
     let mut silence = Silence::default();
     let mut limit = silence.announced(announced.map(Duration::from_secs));
     if let Some(limit) = limit {
@@ -313,10 +318,10 @@ fn serve(
         }
         match msg {
             ServerMessage::Request(req) => {
-                shared.slots.submit(shared, req, out.clone());
+                shared.slots.submit(shared, req, link);
             }
             ServerMessage::Cancel { request_id, reason } => {
-                if shared.inflight.cancel(&request_id) {
+                if shared.inflight.cancel(link.relay, &request_id) {
                     info!(
                         "request {request_id} cancelled by server ({})",
                         reason.as_str()
@@ -349,10 +354,10 @@ fn serve(
                 let shared = shared.clone();
                 let _ = std::thread::Builder::new()
                     .name("models-refresh".into())
-                    .spawn(move || super::refresh_models(&shared, true));
+                    .spawn(move || crate::worker::refresh_models(&shared, true));
             }
             ServerMessage::ModelOperation(op) => {
-                super::lifecycle::start(shared, op, out.clone());
+                crate::worker::lifecycle::start(shared, op, out.clone());
             }
             ServerMessage::RegisterAck(_) => debug!("unexpected second register_ack; ignored"),
             ServerMessage::Unknown(kind) => {
