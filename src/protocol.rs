@@ -54,6 +54,13 @@ pub const FEATURE_HEARTBEAT_INTERVAL: &str = "heartbeat_interval";
 /// Server feature: `error.retryable` is read, and such requests fail over to another
 /// worker. Workers list it too, so the server knows their errors carry the field.
 pub const FEATURE_FAILOVER: &str = "failover";
+/// A worker serving several relays lists it; a server that lists it back reads `load`
+/// (the worker's live load across all its relays, sent whenever it changes).
+pub const FEATURE_LOAD_REPORTS: &str = "load_reports";
+/// A worker serving several relays lists it; a server that lists it back understands
+/// `busy` (a request refused because other relays took every slot: dispatch it again,
+/// not a failure) and the worker then refuses rather than queues.
+pub const FEATURE_BUSY: &str = "busy";
 
 /// Whether a worker's backend answers (`backend_status.state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -310,6 +317,17 @@ pub enum WorkerMessage {
     OperationStatus(OperationStatus),
     /// Extension: the backend's version and resources (see [`lifecycle`]).
     WorkerStatus(WorkerStatus),
+    /// Extension ([`FEATURE_LOAD_REPORTS`]): requests running or waiting on the worker,
+    /// from every relay it serves.
+    Load {
+        in_flight: u32,
+    },
+    /// Extension ([`FEATURE_BUSY`]): every slot is taken (by other relays); the request
+    /// never reached the backend. `in_flight` as in `load`.
+    Busy {
+        request_id: String,
+        in_flight: u32,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -339,6 +357,7 @@ struct Raw {
     max_concurrent: Option<u32>,
     protocol_version: Option<String>,
     current_load: Option<u32>,
+    in_flight: Option<u32>,
     loaded_models: Option<Vec<String>>,
     backend_kind: Option<String>,
     model_info: Option<serde_json::Value>,
@@ -464,6 +483,13 @@ impl WorkerMessage {
                 backend_version: r.backend_version,
                 resources: lifecycle::resources_from(r.resources),
             }),
+            "load" => WorkerMessage::Load {
+                in_flight: need(r.in_flight, k, "in_flight")?,
+            },
+            "busy" => WorkerMessage::Busy {
+                request_id: need(r.request_id, k, "request_id")?,
+                in_flight: need(r.in_flight, k, "in_flight")?,
+            },
             _ => WorkerMessage::Unknown(kind),
         })
     }

@@ -6,7 +6,9 @@ mod common;
 mod fake_backend;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 
+use common::fake_server::{FakeServer, Session};
 use common::procs::{start_worker, Proc, ServerProc};
 use common::*;
 use fake_backend::FakeBackend;
@@ -33,6 +35,115 @@ fn multi_homed(relays: &[&ServerProc], backend: SocketAddr, extra: &[(&str, &str
     let mut env = vec![("PROXY_URL", urls.as_str())];
     env.extend_from_slice(extra);
     start_worker(relays[0].addr, backend, &env)
+}
+
+/// What our server acks to a worker serving several relays.
+const MULTI: &[&str] = &["failover", "load_reports", "busy"];
+
+/// A worker with `MAX_CONCURRENCY=1` serving two stand-in relays.
+fn worker_on_fakes(a: &FakeServer, b: &FakeServer, backend: SocketAddr) -> Proc {
+    let urls = format!("http://{},http://{}", a.addr, b.addr);
+    start_worker(
+        a.addr,
+        backend,
+        &[
+            ("PROXY_URL", urls.as_str()),
+            ("MODELS", "m"),
+            ("MAX_CONCURRENCY", "1"),
+        ],
+    )
+}
+
+fn request(session: &Session, id: &str, scenario: &str) {
+    session.send(json!({
+        "type": "request", "request_id": id, "model": "m",
+        "endpoint_path": "/v1/chat/completions", "is_streaming": false,
+        "body": body(scenario), "headers": {}
+    }));
+}
+
+fn load_is(n: u64) -> impl Fn(&serde_json::Value) -> bool {
+    move |m| m["type"] == "load" && m["in_flight"] == n
+}
+
+fn completed(id: &'static str) -> impl Fn(&serde_json::Value) -> bool {
+    move |m| m["type"] == "response_complete" && m["request_id"] == id
+}
+
+#[test]
+fn one_relay_registers_exactly_as_before() {
+    let relay = FakeServer::start(MULTI);
+    let backend = FakeBackend::new("m", ANSWER)
+        .spawn("127.0.0.1:0")
+        .expect("backend");
+    let _worker = start_worker(relay.addr, backend, &[("MODELS", "m")]);
+    let session = relay.session();
+    let features = session.register["features"].to_string();
+    assert!(
+        !features.contains("load_reports") && !features.contains("busy"),
+        "{features}"
+    );
+    request(&session, "r-1", "");
+    session.wait_for("the answer", WAIT, completed("r-1"));
+    assert!(!session.sent_any("load"), "{:?}", session.history());
+}
+
+#[test]
+fn the_last_slot_taken_by_one_relay_is_refused_busy_to_the_other() {
+    let (a, b) = (FakeServer::start(MULTI), FakeServer::start(MULTI));
+    let backend = FakeBackend::new("m", ANSWER);
+    let baddr = backend.clone().spawn("127.0.0.1:0").expect("backend");
+    let _worker = worker_on_fakes(&a, &b, baddr);
+    let (sa, sb) = (a.session(), b.session());
+    for s in [&sa, &sb] {
+        let features = s.register["features"].to_string();
+        assert!(features.contains("load_reports") && features.contains("busy"));
+    }
+    request(&sa, "r-1", "hold");
+    // Relay B hears of relay A's request, then sends one anyway (as a relay whose
+    // report had not arrived yet would): refused at once, never queued.
+    sb.wait_for("load 1", WAIT, load_is(1));
+    request(&sb, "r-1", "");
+    let (_, busy) = sb.wait_for("busy", WAIT, |m| m["type"] == "busy");
+    assert_eq!(
+        busy,
+        json!({"type": "busy", "request_id": "r-1", "in_flight": 1})
+    );
+    backend.release();
+    sa.wait_for("the held answer", WAIT, completed("r-1"));
+    sb.wait_for("load 0", WAIT, load_is(0));
+    // Dispatched again, it runs.
+    request(&sb, "r-1", "");
+    sb.wait_for("the answer", WAIT, completed("r-1"));
+    assert_eq!(backend.stats.max_active.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn toward_an_original_server_a_request_waits_for_the_slot_instead() {
+    let ours = FakeServer::start(MULTI);
+    let original = FakeServer::start(&[]);
+    let backend = FakeBackend::new("m", ANSWER);
+    let baddr = backend.clone().spawn("127.0.0.1:0").expect("backend");
+    let _worker = worker_on_fakes(&ours, &original, baddr);
+    let (so, sg) = (ours.session(), original.session());
+    request(&so, "r-1", "hold");
+    wait_until("the held request at the backend", || {
+        let n = backend.stats.active.load(Ordering::SeqCst);
+        (n == 1, format!("{n} active"))
+    });
+    request(&sg, "r-9", "");
+    // The original server's request waits for the slot: the load counts it.
+    so.wait_for("load 2", WAIT, load_is(2));
+    backend.release();
+    so.wait_for("the held answer", WAIT, completed("r-1"));
+    sg.wait_for("the waiting answer", WAIT, completed("r-9"));
+    assert_eq!(backend.stats.max_active.load(Ordering::SeqCst), 1);
+    // An original server gets nothing it does not know.
+    let kinds: Vec<_> = sg.history().iter().map(|m| m["type"].clone()).collect();
+    assert!(
+        !kinds.iter().any(|k| k == "load" || k == "busy"),
+        "{kinds:?}"
+    );
 }
 
 #[test]
@@ -63,7 +174,7 @@ fn a_relay_killed_and_restarted_gets_its_worker_back_while_the_other_serves() {
     b.proc.signal("KILL");
     b.proc.wait_exit();
     // The worker notices, and keeps serving through the other relay meanwhile.
-    worker.wait_line(&format!("disconnected from ws://{b_addr}"));
+    worker.wait_line(&format!("disconnected from server ws://{b_addr}"));
     for _ in 0..3 {
         let resp = post(a.addr, "/v1/chat/completions", &body(""));
         assert_eq!(resp.status, 200, "{}", resp.text());
@@ -115,4 +226,67 @@ fn sigterm_on_a_worker_drains_every_relay_session() {
     assert!(worker.wait_exit().success(), "{}", worker.log());
     a.wait_workers(0);
     b.wait_workers(0);
+}
+
+/// A `/metrics` sample.
+fn metric(addr: SocketAddr, sample: &str) -> f64 {
+    let text = common::request(addr, "GET", "/metrics", None, &[]).text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{text}"))
+}
+
+#[test]
+fn a_relay_dispatches_a_busy_request_again_and_the_client_never_knows() {
+    let server = ServerProc::start(&[]);
+    let register = json!({
+        "type": "register", "worker_name": "multi", "models": ["m"], "max_concurrent": 1,
+        "protocol_version": "1", "current_load": 0, "features": ["load_reports", "busy"]
+    });
+    let Upgrade::Ok(worker) = FakeWorker::try_connect(
+        server.addr,
+        "/v1/worker/connect?provider=local",
+        Some(SECRET),
+        register,
+    ) else {
+        panic!("refused")
+    };
+    let addr = server.addr;
+    let client = std::thread::spawn(move || post(addr, "/v1/chat/completions", &body("")));
+    let first = worker.request();
+    // Another relay holds the slot: refused; the relay sends nothing until told.
+    worker.send(json!({"type": "busy", "request_id": first.request_id, "in_flight": 1}));
+    worker.send(json!({"type": "load", "in_flight": 0}));
+    let again = worker.request();
+    assert_eq!(again.request_id, first.request_id);
+    worker.complete(&again.request_id, 200, &openai_answer("fine"));
+    let resp = client.join().expect("client");
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(metric(addr, "modelrelay_busy_refusals_total"), 1.0);
+    assert_eq!(metric(addr, "modelrelay_failovers_total"), 0.0);
+}
+
+#[test]
+fn two_relays_saturating_one_worker_never_exceed_its_slots_and_lose_nothing() {
+    let (a, b) = (ServerProc::start(&[]), ServerProc::start(&[]));
+    let backend = FakeBackend::new("m", ANSWER);
+    let baddr = backend.clone().spawn("127.0.0.1:0").expect("backend");
+    let _worker = multi_homed(&[&a, &b], baddr, &[("MAX_CONCURRENCY", "2")]);
+    a.wait_workers(1);
+    b.wait_workers(1);
+    let clients: Vec<_> = (0..16)
+        .map(|i| {
+            let addr = if i % 2 == 0 { a.addr } else { b.addr };
+            std::thread::spawn(move || post(addr, "/v1/chat/completions", &body("delay:30")))
+        })
+        .collect();
+    for c in clients {
+        let resp = c.join().expect("client");
+        assert_eq!(resp.status, 200, "{}", resp.text());
+    }
+    let max = backend.stats.max_active.load(Ordering::SeqCst);
+    assert!(max <= 2, "the backend saw {max} requests at once");
+    let busy = metric(a.addr, "modelrelay_busy_refusals_total")
+        + metric(b.addr, "modelrelay_busy_refusals_total");
+    eprintln!("highest backend concurrency {max}, busy refusals {busy}");
 }

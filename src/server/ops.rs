@@ -214,6 +214,12 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
     );
     e.sample("modelrelay_failovers_total", &[], s.counters.failovers);
     e.family(
+        "modelrelay_busy_refusals_total",
+        "counter",
+        "Dispatches a worker refused as busy (its other relays held every slot), dispatched again.",
+    );
+    e.sample("modelrelay_busy_refusals_total", &[], s.counters.busy);
+    e.family(
         "modelrelay_ejections_total",
         "counter",
         "Workers ejected for consecutive failures.",
@@ -384,6 +390,7 @@ pub fn admin_stats(ctx: &Ctx) -> AdminResult {
                 "cancelled_by_reason": s.counters.cancelled_by,
                 "requeued": s.counters.requeued,
                 "failovers": s.counters.failovers,
+                "busy_refusals": s.counters.busy,
                 "dispatched": s.counters.dispatched,
                 "by_status_class": by_status,
             },

@@ -58,17 +58,36 @@ pub struct InFlight {
     changed: Condvar,
 }
 
+/// Why [`InFlight::insert`] did not take a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The id is already running for that relay.
+    Duplicate,
+    /// `limit` requests are running or waiting already.
+    Full,
+}
+
 impl InFlight {
-    /// Registers a request; `None` if the id is already running for that relay.
-    pub fn insert(&self, relay: usize, id: &str) -> Option<Arc<Handle>> {
+    /// Registers a request, unless its id runs already or `limit` requests (when given)
+    /// are in the table: the check and the insert are one step, so two relays racing
+    /// for the last slot cannot both get it.
+    pub fn insert(
+        &self,
+        relay: usize,
+        id: &str,
+        limit: Option<usize>,
+    ) -> Result<Arc<Handle>, Refused> {
         let mut table = self.table.lock();
         let key = (relay, id.to_string());
         if table.contains_key(&key) {
-            return None;
+            return Err(Refused::Duplicate);
+        }
+        if limit.is_some_and(|l| table.len() >= l) {
+            return Err(Refused::Full);
         }
         let handle = Arc::new(Handle::default());
         table.insert(key, handle.clone());
-        Some(handle)
+        Ok(handle)
     }
 
     pub fn remove(&self, relay: usize, id: &str) {
@@ -121,5 +140,26 @@ impl InFlight {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_known_by_relay_and_id_and_the_limit_is_kept() {
+        let t = InFlight::default();
+        assert!(t.insert(0, "r-1", Some(2)).is_ok());
+        // Another relay numbers its requests alike.
+        assert!(t.insert(1, "r-1", Some(2)).is_ok());
+        assert_eq!(t.insert(1, "r-1", None).err(), Some(Refused::Duplicate));
+        assert_eq!(t.insert(1, "r-2", Some(2)).err(), Some(Refused::Full));
+        assert!(t.insert(1, "r-2", None).is_ok());
+        t.cancel_relay(1);
+        assert!(!t.table.lock()[&(0, "r-1".to_string())].is_cancelled());
+        assert!(t.table.lock()[&(1, "r-2".to_string())].is_cancelled());
+        t.remove(1, "r-1");
+        assert_eq!(t.len(), 2);
     }
 }

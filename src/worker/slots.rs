@@ -18,7 +18,8 @@ use parking_lot::Mutex;
 
 use super::backend::{fresh_agent, Outcome};
 use super::health;
-use super::inflight::Handle;
+use super::inflight::{Handle, Refused};
+use super::relays;
 use super::relays::session::{Link, Out};
 use super::trim;
 use super::Shared;
@@ -68,15 +69,29 @@ impl Slots {
         }
     }
 
-    /// Hands a request to an idle slot, or queues it. False for a duplicate id.
+    /// Hands a request to an idle slot, or queues it. False for a duplicate id, or a
+    /// request refused as `busy`: with every slot taken, a relay that understands `busy`
+    /// (only a worker serving several relays offers it) is refused at once and runs the
+    /// request elsewhere or later; any other relay's request waits here for a slot, as
+    /// it always did (an original server counts its own requests and never sends more
+    /// than our slots, so only other relays' work can make it wait).
     pub fn submit(&self, shared: &Shared, req: Arc<RequestMessage>, link: &Link) -> bool {
-        let Some(handle) = shared.inflight.insert(link.relay, &req.request_id) else {
-            warn!(
-                "request {} is already running; duplicate ignored",
-                req.request_id
-            );
-            return false;
+        let limit = link.busy.then_some(shared.cfg.max_concurrency as usize);
+        let handle = match shared.inflight.insert(link.relay, &req.request_id, limit) {
+            Ok(handle) => handle,
+            Err(Refused::Duplicate) => {
+                warn!(
+                    "request {} is already running; duplicate ignored",
+                    req.request_id
+                );
+                return false;
+            }
+            Err(Refused::Full) => {
+                relays::refuse_busy(shared, link, &req.request_id);
+                return false;
+            }
         };
+        relays::report_load(shared);
         let job = Job {
             req,
             handle,
@@ -157,6 +172,7 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
     // Off the books before the error goes out: a server that fails the request over
     // may send the same id straight back here, and must not find it still running.
     shared.inflight.remove(job.relay, id);
+    relays::report_load(shared);
     if let Some(r) = report {
         job.out.send(&r.into_message(id));
     }

@@ -15,6 +15,7 @@
 //! | `shutdown.rs` | server drain and exit |
 //! | `fair_queue.rs` | the wait queue: priority classes, aging, fair share by tenant |
 //! | `outliers.rs` | backends reported down, outlier ejection, failover targets |
+//! | `relays.rs` | workers serving several relays: `load` reports, `busy` answers |
 //! | `routing.rs` | which worker takes a request: one ranked choice (capability, health, loaded model, cache affinity, least load, round robin) |
 //! | `affinity.rs` | which prompt prefixes each worker was sent lately (bounded LRU) |
 //! | `registry.rs`, `stats.rs` | the other data it owns |
@@ -24,6 +25,7 @@ pub mod fair_queue;
 pub mod lifecycle;
 mod outliers;
 mod registry;
+mod relays;
 mod requests;
 pub mod routing;
 pub mod runtime;

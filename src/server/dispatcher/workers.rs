@@ -47,6 +47,8 @@ impl Dispatcher {
             protocol::FEATURE_WORKER_DRAIN,
             protocol::FEATURE_BACKEND_HEALTH,
             protocol::FEATURE_FAILOVER,
+            protocol::FEATURE_LOAD_REPORTS,
+            protocol::FEATURE_BUSY,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -189,6 +191,11 @@ impl Dispatcher {
                     w.set_status(status);
                 }
             }
+            WorkerMessage::Load { in_flight } => self.worker_load(worker, in_flight, now),
+            WorkerMessage::Busy {
+                request_id,
+                in_flight,
+            } => self.worker_busy(worker, &request_id, in_flight, now),
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")

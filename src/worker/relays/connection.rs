@@ -41,7 +41,7 @@ pub fn run_forever(shared: Arc<Shared>, relay: usize) {
                         if shared.is_draining() {
                             return;
                         }
-                        warn!("disconnected from {shown}: {reason}; reconnecting");
+                        warn!("disconnected from server {shown}: {reason}; reconnecting");
                         backoff.lost(Instant::now())
                     }
                     session::End::NotRegistered(reason) => {

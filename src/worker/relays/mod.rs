@@ -15,10 +15,11 @@ pub mod session;
 
 use std::sync::Arc;
 
-use log::error;
+use log::{debug, error};
 use parking_lot::Mutex;
 
 use super::Shared;
+use crate::protocol::WorkerMessage;
 use session::Link;
 
 /// The registered session of each relay, in `PROXY_URL` order.
@@ -56,5 +57,41 @@ pub fn start(shared: &Arc<Shared>) {
         if let Err(e) = spawned {
             error!("cannot start the connection thread of relay {relay}: {e}");
         }
+    }
+}
+
+/// Tells every relay that reads `load` the worker's live load (requests running or
+/// waiting, from all relays), when it changed since that relay was last told. Called
+/// after every change; the count is read under the relay's lock, so the last report a
+/// relay gets is never older than the last change.
+pub fn report_load(shared: &Shared) {
+    // One relay counts its own requests exactly, and is never told.
+    if shared.cfg.connect_urls.len() < 2 {
+        return;
+    }
+    for link in shared.relays.links() {
+        if !link.load_reports {
+            continue;
+        }
+        let mut told = link.load_told.lock();
+        let in_flight = shared.inflight.len() as u32;
+        if *told != Some(in_flight) && link.out.send(&WorkerMessage::Load { in_flight }) {
+            *told = Some(in_flight);
+        }
+    }
+}
+
+/// Refuses a request of `link`'s relay: every slot is taken by the other relays. The
+/// answer carries the load, so the relay counts the worker full until told otherwise.
+pub fn refuse_busy(shared: &Shared, link: &Link, request_id: &str) {
+    let mut told = link.load_told.lock();
+    let in_flight = shared.inflight.len() as u32;
+    debug!("request {request_id}: every slot taken; answered busy");
+    let busy = WorkerMessage::Busy {
+        request_id: request_id.to_string(),
+        in_flight,
+    };
+    if link.out.send(&busy) {
+        *told = Some(in_flight);
     }
 }

@@ -97,6 +97,13 @@ pub struct Link {
     pub lifecycle: bool,
     /// The last `worker_status` this server got (see `lifecycle::status`).
     pub status_told: Arc<parking_lot::Mutex<WorkerStatus>>,
+    /// The relay reads `load` (listed `load_reports` back).
+    pub load_reports: bool,
+    /// The relay understands `busy`: refuse its requests when every slot is taken.
+    pub busy: bool,
+    /// The load this relay was last told (`register` or `load`), under the lock that
+    /// orders load reports (see `relays::report_load`).
+    pub load_told: Arc<parking_lot::Mutex<Option<u32>>>,
 }
 
 /// How a session ended.
@@ -119,6 +126,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(max)));
 
     let register = register_message(shared);
+    let registered_load = register.current_load;
     let told = Told::registered(
         register.models.clone(),
         register.loaded_models.clone(),
@@ -136,7 +144,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
         warn!("server warning: {w}");
     }
     info!(
-        "registered with {} as {} (models: {:?})",
+        "registered with server {} as {} (models: {:?})",
         shared.cfg.connect_urls[relay], ack.worker_id, ack.models
     );
     let has = |feature: &str| ack.features.iter().any(|f| f == feature);
@@ -149,6 +157,9 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
         told: Arc::new(parking_lot::Mutex::new(told)),
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
+        load_reports: has(protocol::FEATURE_LOAD_REPORTS),
+        busy: has(protocol::FEATURE_BUSY),
+        load_told: Arc::new(parking_lot::Mutex::new(registered_load)),
     };
     shared.relays.set(relay, Some(link.clone()));
     if shared.is_draining() {
@@ -156,6 +167,8 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     }
     // A backend that is down now (or went down since `register`): say so at once.
     health::sync(shared, false);
+    // Likewise the load, if it changed since `register`.
+    super::report_load(shared);
     // A new server has heard nothing of the backend's version and resources.
     shared.lifecycle.kick();
     let reason = serve(
@@ -185,20 +198,27 @@ fn register_message(shared: &Shared) -> RegisterMessage {
     };
     let loaded_models = shared.residency.loaded_among(&models);
     let model_info = shared.residency.info_among(&models);
+    let mut features = vec![
+        protocol::FEATURE_CANCEL_ACK.into(),
+        protocol::FEATURE_WORKER_DRAIN.into(),
+        protocol::FEATURE_FAILOVER.into(),
+        protocol::FEATURE_BACKEND_HEALTH.into(),
+        FEATURE_LIFECYCLE.into(),
+        protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
+    ];
+    // Only a worker serving several relays shares its slots: with one, `register` is
+    // exactly what it always was.
+    if shared.cfg.connect_urls.len() > 1 {
+        features.push(protocol::FEATURE_LOAD_REPORTS.into());
+        features.push(protocol::FEATURE_BUSY.into());
+    }
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
         models,
         max_concurrent: shared.cfg.max_concurrency,
         protocol_version: Some(shared.cfg.protocol_version.clone()),
         current_load: Some(shared.inflight.len() as u32),
-        features: vec![
-            protocol::FEATURE_CANCEL_ACK.into(),
-            protocol::FEATURE_WORKER_DRAIN.into(),
-            protocol::FEATURE_FAILOVER.into(),
-            protocol::FEATURE_BACKEND_HEALTH.into(),
-            FEATURE_LIFECYCLE.into(),
-            protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
-        ],
+        features,
         loaded_models,
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
         model_info,
