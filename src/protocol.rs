@@ -328,6 +328,11 @@ pub enum WorkerMessage {
         request_id: String,
         in_flight: u32,
     },
+    /// Extension ([`FEATURE_LOAD_REPORTS`]): the relays the worker is registered with
+    /// now (their connect URLs), sent whenever that changes.
+    Relays {
+        relays: Vec<String>,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -358,6 +363,7 @@ struct Raw {
     protocol_version: Option<String>,
     current_load: Option<u32>,
     in_flight: Option<u32>,
+    relays: Option<Vec<String>>,
     loaded_models: Option<Vec<String>>,
     backend_kind: Option<String>,
     model_info: Option<serde_json::Value>,
@@ -489,6 +495,9 @@ impl WorkerMessage {
             "busy" => WorkerMessage::Busy {
                 request_id: need(r.request_id, k, "request_id")?,
                 in_flight: need(r.in_flight, k, "in_flight")?,
+            },
+            "relays" => WorkerMessage::Relays {
+                relays: need(r.relays, k, "relays")?,
             },
             _ => WorkerMessage::Unknown(kind),
         })

@@ -85,7 +85,11 @@ fn one_relay_registers_exactly_as_before() {
     );
     request(&session, "r-1", "");
     session.wait_for("the answer", WAIT, completed("r-1"));
-    assert!(!session.sent_any("load"), "{:?}", session.history());
+    assert!(
+        !session.sent_any("load") && !session.sent_any("relays"),
+        "{:?}",
+        session.history()
+    );
 }
 
 #[test]
@@ -146,9 +150,42 @@ fn toward_an_original_server_a_request_waits_for_the_slot_instead() {
     );
 }
 
+const ADMIN: &str = "relays-admin-token";
+
+/// A relay with the admin API on (a state directory of its own).
+fn admin_relay(tag: &str) -> ServerProc {
+    let state =
+        std::env::temp_dir().join(format!("modelrelay-relays-{}-{tag}", std::process::id()));
+    let state = state.to_string_lossy().into_owned();
+    ServerProc::start(&[
+        ("MODELRELAY_ADMIN_TOKEN", ADMIN),
+        ("STATE_DIR", state.as_str()),
+    ])
+}
+
+fn admin_workers(relay: &ServerProc) -> Vec<serde_json::Value> {
+    let auth = format!("Bearer {ADMIN}");
+    let r = common::request(
+        relay.addr,
+        "GET",
+        "/admin/workers",
+        None,
+        &[("authorization", &auth)],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["workers"].as_array().cloned().unwrap_or_default()
+}
+
+fn wait_relays_reported(relay: &ServerProc, n: u64) {
+    wait_until("the relays the workers report", || {
+        let h = relay.health();
+        (h["relays"] == n, h.to_string())
+    });
+}
+
 #[test]
 fn one_worker_serves_two_relays() {
-    let (a, b) = (ServerProc::start(&[]), ServerProc::start(&[]));
+    let (a, b) = (admin_relay("serve-a"), admin_relay("serve-b"));
     let backend = FakeBackend::new("m", ANSWER);
     let baddr = backend.clone().spawn("127.0.0.1:0").expect("backend");
     let _worker = multi_homed(&[&a, &b], baddr, &[]);
@@ -158,6 +195,16 @@ fn one_worker_serves_two_relays() {
         let resp = post(relay.addr, "/v1/chat/completions", &body(""));
         assert_eq!(resp.status, 200, "{}", resp.text());
         assert_eq!(resp.text(), backend.completion());
+    }
+    // Each relay shows the relays the worker serves, and counts them.
+    let expected = json!([
+        format!("ws://{}/v1/worker/connect", a.addr),
+        format!("ws://{}/v1/worker/connect", b.addr)
+    ]);
+    for relay in [&a, &b] {
+        wait_relays_reported(relay, 2);
+        assert_eq!(admin_workers(relay)[0]["relays"], expected);
+        assert_eq!(metric(relay.addr, "modelrelay_relays"), 2.0);
     }
 }
 
@@ -175,6 +222,7 @@ fn a_relay_killed_and_restarted_gets_its_worker_back_while_the_other_serves() {
     b.proc.wait_exit();
     // The worker notices, and keeps serving through the other relay meanwhile.
     worker.wait_line(&format!("disconnected from server ws://{b_addr}"));
+    wait_relays_reported(&a, 1);
     for _ in 0..3 {
         let resp = post(a.addr, "/v1/chat/completions", &body(""));
         assert_eq!(resp.status, 200, "{}", resp.text());
@@ -191,6 +239,7 @@ fn a_relay_killed_and_restarted_gets_its_worker_back_while_the_other_serves() {
     let restarted = ServerProc::start_on(&b_addr.to_string(), &[]);
     // Back within WAIT (10 s), however many dials failed before.
     restarted.wait_workers(1);
+    wait_relays_reported(&a, 2);
     let resp = post(restarted.addr, "/v1/chat/completions", &body(""));
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(a.health()["workers_connected"], 1);

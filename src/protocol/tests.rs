@@ -103,6 +103,9 @@ fn worker_messages_round_trip_through_the_lenient_parser() {
         },
         WorkerMessage::WorkerDraining {},
         WorkerMessage::Load { in_flight: 3 },
+        WorkerMessage::Relays {
+            relays: vec!["ws://a/v1/worker/connect".into()],
+        },
         WorkerMessage::Busy {
             request_id: "r".into(),
             in_flight: 4,

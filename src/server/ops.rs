@@ -118,6 +118,12 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
     );
     e.sample("modelrelay_workers_connected", &[], s.gauges.workers);
     e.family(
+        "modelrelay_relays",
+        "gauge",
+        "Relays the workers report serving (the most any worker reports; at least 1).",
+    );
+    e.sample("modelrelay_relays", &[], s.gauges.relays);
+    e.family(
         "modelrelay_worker_slots",
         "gauge",
         "Worker concurrency slots, total and used.",

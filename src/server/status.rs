@@ -32,6 +32,7 @@ pub fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         "workers_connected": g.workers,
         "queue_depth": g.queue_depth,
         "in_flight": g.in_flight,
+        "relays": g.relays,
         "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
     });
     conn.write_json(200, &body, req.keep_alive)

@@ -382,6 +382,7 @@ impl Dispatcher {
             workers: self.registry.len(),
             queue_depth: self.queue.len(),
             in_flight: self.requests.len() - self.queue.len(),
+            relays: self.relays_reported(),
         }
     }
 

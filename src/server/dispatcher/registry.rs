@@ -68,6 +68,9 @@ pub struct Worker {
     model_info: Option<ModelInfoMap>,
     /// Its backend's version and resources (`worker_status`), when reported.
     pub status: WorkerStatus,
+    /// The relays it is registered with, as it reports them (`relays`; empty: not
+    /// reported, an original or single-relay worker).
+    pub relays: Vec<String>,
 }
 
 /// Whether a worker takes new work.
@@ -115,6 +118,7 @@ impl Worker {
             backend_kind: None,
             model_info: None,
             status: WorkerStatus::default(),
+            relays: Vec::new(),
         }
     }
 

@@ -15,7 +15,41 @@ use log::{debug, info};
 use super::{Dispatcher, Failure, Stage, WorkerId};
 use crate::server::dispatcher::ClientEvent;
 
+/// Most relays kept per worker, and the longest URL kept (the list is the worker's
+/// word: bounded before it is kept or shown).
+const MAX_RELAYS: usize = 16;
+const MAX_URL: usize = 200;
+
 impl Dispatcher {
+    /// `relays`: the relays the worker is registered with now.
+    pub(super) fn worker_relays(&mut self, worker: WorkerId, relays: Vec<String>) {
+        let Some(w) = self.registry.get_mut(worker) else {
+            return;
+        };
+        w.relays = relays
+            .into_iter()
+            .take(MAX_RELAYS)
+            .map(|r| {
+                r.chars()
+                    .filter(|c| !c.is_control())
+                    .take(MAX_URL)
+                    .collect()
+            })
+            .collect();
+        debug!("worker {} serves {} relay(s)", w.wire_id, w.relays.len());
+    }
+
+    /// How many relays the pool spans, as its workers tell: the most any worker reports
+    /// (this relay alone when none does).
+    pub fn relays_reported(&self) -> usize {
+        self.registry
+            .iter()
+            .map(|w| w.relays.len())
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
     /// `load`: the worker's requests from every relay; room may have opened here.
     pub(super) fn worker_load(&mut self, worker: WorkerId, in_flight: u32, now: Instant) {
         if let Some(w) = self.registry.get_mut(worker) {

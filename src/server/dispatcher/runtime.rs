@@ -124,6 +124,8 @@ pub struct WorkerInfo {
     /// Prompt-prefix fingerprints remembered for it (cache affinity; at most
     /// 2,048).
     pub affinity_fingerprints: usize,
+    /// The relays it reports being registered with (empty: not reported).
+    pub relays: Vec<String>,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -343,6 +345,7 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
             loaded_models: w.loaded_models(),
             backend_kind: w.backend_kind.clone(),
             model_info: w.model_info(),
+            relays: w.relays.clone(),
             backend_version: w.status.backend_version.clone(),
             resources: w.status.resources.clone(),
             loading: loading

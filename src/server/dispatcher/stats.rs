@@ -83,6 +83,8 @@ pub struct Gauges {
     pub workers: usize,
     pub queue_depth: usize,
     pub in_flight: usize,
+    /// Relays the workers report they serve (at least this one).
+    pub relays: usize,
 }
 
 /// Where requests are right now, for the live usage stream.

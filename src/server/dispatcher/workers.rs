@@ -196,6 +196,7 @@ impl Dispatcher {
                 request_id,
                 in_flight,
             } => self.worker_busy(worker, &request_id, in_flight, now),
+            WorkerMessage::Relays { relays } => self.worker_relays(worker, relays),
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")

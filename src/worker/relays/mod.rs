@@ -25,12 +25,16 @@ use session::Link;
 /// The registered session of each relay, in `PROXY_URL` order.
 pub struct Relays {
     links: Mutex<Vec<Option<Link>>>,
+    /// Held while the relay list is read and sent, so two sessions starting at once
+    /// cannot deliver their lists in the wrong order.
+    reporting: Mutex<()>,
 }
 
 impl Relays {
     pub fn new(count: usize) -> Relays {
         Relays {
             links: Mutex::new(vec![None; count]),
+            reporting: Mutex::new(()),
         }
     }
 
@@ -39,6 +43,17 @@ impl Relays {
         if let Some(slot) = self.links.lock().get_mut(relay) {
             *slot = link;
         }
+    }
+
+    /// The URLs of the relays with a registered session.
+    pub fn registered(&self, urls: &[String]) -> Vec<String> {
+        let links = self.links.lock();
+        links
+            .iter()
+            .zip(urls)
+            .filter(|(l, _)| l.is_some())
+            .map(|(_, u)| u.clone())
+            .collect()
     }
 
     /// Every registered session, in `PROXY_URL` order.
@@ -93,5 +108,21 @@ pub fn refuse_busy(shared: &Shared, link: &Link, request_id: &str) {
     };
     if link.out.send(&busy) {
         *told = Some(in_flight);
+    }
+}
+
+/// Tells every relay that reads it which relays the worker is registered with (a
+/// session began or ended): each relay shows it and counts the relays of its pool.
+pub fn report_relays(shared: &Shared) {
+    if shared.cfg.connect_urls.len() < 2 {
+        return;
+    }
+    let _order = shared.relays.reporting.lock();
+    let relays = shared.relays.registered(&shared.cfg.connect_urls);
+    let msg = WorkerMessage::Relays { relays };
+    for link in shared.relays.links() {
+        if link.load_reports {
+            link.out.send(&msg);
+        }
     }
 }

@@ -167,8 +167,9 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     }
     // A backend that is down now (or went down since `register`): say so at once.
     health::sync(shared, false);
-    // Likewise the load, if it changed since `register`.
+    // Likewise the load, if it changed since `register`; and every relay hears of this one.
     super::report_load(shared);
+    super::report_relays(shared);
     // A new server has heard nothing of the backend's version and resources.
     shared.lifecycle.kick();
     let reason = serve(
@@ -179,6 +180,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
         ack.heartbeat_interval_secs,
     );
     shared.relays.set(relay, None);
+    super::report_relays(shared);
     // This relay's answers can no longer be delivered: stop them at the backend (the
     // relay requeues them); the other relays' requests run on.
     shared.inflight.cancel_relay(relay);

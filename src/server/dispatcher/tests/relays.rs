@@ -131,3 +131,32 @@ fn busy_for_a_request_not_running_there_is_ignored() {
     assert!(a.is_empty(), "{a:?}");
     assert_eq!(h.d.counters().busy, 0);
 }
+
+#[test]
+fn the_relay_list_is_bounded_and_counted() {
+    let mut h = Harness::new();
+    assert_eq!(h.d.gauges().relays, 1);
+    join_multi(&mut h, 1, 1);
+    join_multi(&mut h, 2, 1);
+    let long = format!("ws://{}\u{1b}[31m", "x".repeat(500));
+    let relays = vec![long; 40];
+    h.said(1, WorkerMessage::Relays { relays });
+    let w = h.d.registry.get(1).expect("worker");
+    assert_eq!(w.relays.len(), 16);
+    assert!(w
+        .relays
+        .iter()
+        .all(|r| r.len() <= 200 && !r.contains('\u{1b}')));
+    h.said(
+        2,
+        WorkerMessage::Relays {
+            relays: vec!["a".into(), "b".into()],
+        },
+    );
+    assert_eq!(h.d.gauges().relays, 16);
+    h.ev(Event::WorkerLeft {
+        id: 1,
+        reason: "gone".into(),
+    });
+    assert_eq!(h.d.gauges().relays, 2);
+}
