@@ -339,3 +339,44 @@ fn two_relays_saturating_one_worker_never_exceed_its_slots_and_lose_nothing() {
         + metric(b.addr, "modelrelay_busy_refusals_total");
     eprintln!("highest backend concurrency {max}, busy refusals {busy}");
 }
+
+#[test]
+fn a_relay_drained_with_other_relays_serves_through_its_grace_and_the_worker_stays() {
+    let a = ServerProc::start(&[]);
+    let mut b = ServerProc::start(&[("DRAIN_GRACE_SECS", "5")]);
+    let backend = FakeBackend::new("m", ANSWER);
+    let baddr = backend.clone().spawn("127.0.0.1:0").expect("backend");
+    let worker = multi_homed(&[&a, &b], baddr, &[]);
+    a.wait_workers(1);
+    b.wait_workers(1);
+    wait_relays_reported(&b, 2);
+    b.proc.signal("TERM");
+    // 503 at once, for the load balancer; requests are still served meanwhile.
+    wait_until("/health 503 on the draining relay", || {
+        let r = common::request(b.addr, "GET", "/health", None, &[]);
+        (r.status == 503, r.text())
+    });
+    b.proc.wait_line("still serving for");
+    let resp = post(b.addr, "/v1/chat/completions", &body(""));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert!(b.proc.wait_exit().success(), "{}", b.proc.log());
+    // The worker lost one relay, not its life: it serves through the other.
+    worker.wait_line("is shutting down; serving the other relays meanwhile");
+    let resp = post(a.addr, "/v1/chat/completions", &body(""));
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(a.health()["workers_connected"], 1);
+}
+
+#[test]
+fn a_relay_alone_drains_at_once() {
+    let mut relay = ServerProc::start(&[("DRAIN_GRACE_SECS", "60")]);
+    let backend = FakeBackend::new("m", ANSWER)
+        .spawn("127.0.0.1:0")
+        .expect("backend");
+    let _worker = start_worker(relay.addr, backend, &[]);
+    relay.wait_workers(1);
+    relay.proc.signal("TERM");
+    // Well before the 60 s grace (the wait gives up after 10 s).
+    assert!(relay.proc.wait_exit().success(), "{}", relay.proc.log());
+    assert!(!relay.proc.log().contains("still serving for"));
+}

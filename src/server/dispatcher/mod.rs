@@ -88,6 +88,9 @@ pub struct Config {
     /// How long a request may wait for its full cached worker (`AFFINITY_WAIT_MS`; zero:
     /// never).
     pub affinity_wait: Duration,
+    /// On shutdown, while the workers report other relays: keep serving this long
+    /// before draining (`DRAIN_GRACE_SECS`), so a load balancer notices first.
+    pub drain_grace: Duration,
 }
 
 /// `AFFINITY_WAIT_MS` unless set: measured with `make bench-affinity` (see docs/proving.md).
@@ -108,6 +111,7 @@ impl Default for Config {
             outlier_consecutive_failures: 5,
             affinity: true,
             affinity_wait: Duration::from_millis(DEFAULT_AFFINITY_WAIT_MS),
+            drain_grace: Duration::from_secs(5),
         }
     }
 }
@@ -268,6 +272,8 @@ enum Timer {
     /// A model operation's time is up.
     Task(u64),
     Ping,
+    /// The drain grace is over: drain now.
+    Grace,
     Shutdown,
 }
 
@@ -340,6 +346,8 @@ pub struct Dispatcher {
     /// When each model was last advertised by some worker (for fast 404s on typos).
     model_seen: HashMap<String, Instant>,
     phase: Phase,
+    /// The drain timeout of a shutdown waiting out its grace (see `shutdown.rs`).
+    grace_pending: Option<Duration>,
     counters: Counters,
     actions: Vec<Action>,
     models_version: u64,
@@ -360,6 +368,7 @@ impl Dispatcher {
             requests: HashMap::new(),
             model_seen: HashMap::new(),
             phase: Phase::Running,
+            grace_pending: None,
             counters: Counters::default(),
             actions: Vec::new(),
             models_version: 0,
@@ -464,7 +473,7 @@ impl Dispatcher {
             Event::WorkerLeft { id, reason } => self.worker_left(id, &reason, now),
             Event::DrainWorker { id, timeout } => self.drain_worker(id, timeout, now),
             Event::RefreshModels => self.refresh_models(),
-            Event::Shutdown { timeout } => self.shutdown(timeout, now),
+            Event::Shutdown { timeout } => self.shutdown_requested(timeout, now),
         }
         std::mem::take(&mut self.actions)
     }
@@ -485,6 +494,7 @@ impl Dispatcher {
                 Timer::WorkerDrain(id) => self.close_worker(id, "drain timeout reached", now),
                 Timer::Task(number) => self.task_timed_out(number, now),
                 Timer::Ping => self.ping_all(now),
+                Timer::Grace => self.grace_over(now),
                 Timer::Shutdown => self.shutdown_deadline(),
             }
         }

@@ -76,6 +76,8 @@ impl SessionWriter {
     }
 }
 
+/// The `graceful_shutdown` reason of a relay that is itself stopping.
+const SERVER_SHUTDOWN: &str = "server_shutdown";
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -358,6 +360,21 @@ fn serve(
                     current_load,
                     timestamp_unix_ms,
                 });
+            }
+            ServerMessage::GracefulShutdown {
+                reason,
+                drain_timeout_secs: _,
+            } if shared.cfg.connect_urls.len() > 1
+                && reason.as_deref() == Some(SERVER_SHUTDOWN) =>
+            {
+                // One relay of several is going away: it sends nothing new and closes
+                // when its requests are done; the worker serves the others meanwhile
+                // and dials it again (a restart). Other reasons (an operator's drain)
+                // still drain the whole worker.
+                info!(
+                    "{} is shutting down; serving the other relays meanwhile",
+                    shared.cfg.connect_urls[link.relay]
+                );
             }
             ServerMessage::GracefulShutdown {
                 reason,

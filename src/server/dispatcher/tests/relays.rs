@@ -160,3 +160,72 @@ fn the_relay_list_is_bounded_and_counted() {
     });
     assert_eq!(h.d.gauges().relays, 2);
 }
+
+fn graceful_shutdowns(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::ToWorker(_, ServerMessage::GracefulShutdown { .. })
+            )
+        })
+        .count()
+}
+
+#[test]
+fn a_relay_alone_drains_at_once() {
+    let mut h = Harness::new();
+    join_multi(&mut h, 1, 1);
+    let a = h.ev(Event::Shutdown { timeout: 30 * S });
+    assert_eq!(graceful_shutdowns(&a), 1);
+}
+
+#[test]
+fn a_relay_with_others_serves_through_the_grace_then_drains() {
+    let mut h = Harness::new();
+    join_multi(&mut h, 1, 2);
+    h.said(
+        1,
+        WorkerMessage::Relays {
+            relays: vec!["a".into(), "b".into()],
+        },
+    );
+    let a = h.ev(Event::Shutdown { timeout: 30 * S });
+    assert_eq!(graceful_shutdowns(&a), 0);
+    // Still accepting and dispatching during the grace (5 s by default).
+    h.at(4.0);
+    assert_eq!(dispatched(&h.submit(1, "m")), vec![(1, 1)]);
+    assert!(h.tick().is_empty());
+    h.at(5.0);
+    let a = h.tick();
+    assert_eq!(graceful_shutdowns(&a), 1);
+    // Now new work is refused; what is in flight finishes.
+    let a = h.submit(2, "m");
+    assert_eq!(failures(&a), vec![(2, Failure::ShuttingDown)]);
+    let a = h.complete(1, 1);
+    assert!(a.iter().any(|x| matches!(x, Action::Exit)), "{a:?}");
+}
+
+#[test]
+fn asked_again_during_the_grace_it_drains_at_once() {
+    let mut h = Harness::new();
+    join_multi(&mut h, 1, 1);
+    h.said(
+        1,
+        WorkerMessage::Relays {
+            relays: vec!["a".into(), "b".into()],
+        },
+    );
+    assert_eq!(
+        graceful_shutdowns(&h.ev(Event::Shutdown { timeout: 30 * S })),
+        0
+    );
+    assert_eq!(
+        graceful_shutdowns(&h.ev(Event::Shutdown { timeout: 30 * S })),
+        1
+    );
+    // The grace timer that is left does nothing.
+    h.at(6.0);
+    assert_eq!(graceful_shutdowns(&h.tick()), 0);
+}
