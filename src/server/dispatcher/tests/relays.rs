@@ -161,6 +161,15 @@ fn the_relay_list_is_bounded_and_counted() {
     assert_eq!(h.d.gauges().relays, 2);
 }
 
+/// Worker 1 (`max` slots) reports that it serves this relay and one other.
+fn pool_of_two_relays(max: u32) -> Harness {
+    let mut h = Harness::new();
+    join_multi(&mut h, 1, max);
+    let relays = vec!["a".into(), "b".into()];
+    h.said(1, WorkerMessage::Relays { relays });
+    h
+}
+
 fn graceful_shutdowns(actions: &[Action]) -> usize {
     actions
         .iter()
@@ -183,14 +192,7 @@ fn a_relay_alone_drains_at_once() {
 
 #[test]
 fn a_relay_with_others_serves_through_the_grace_then_drains() {
-    let mut h = Harness::new();
-    join_multi(&mut h, 1, 2);
-    h.said(
-        1,
-        WorkerMessage::Relays {
-            relays: vec!["a".into(), "b".into()],
-        },
-    );
+    let mut h = pool_of_two_relays(2);
     let a = h.ev(Event::Shutdown { timeout: 30 * S });
     assert_eq!(graceful_shutdowns(&a), 0);
     // Still accepting and dispatching during the grace (5 s by default).
@@ -209,14 +211,7 @@ fn a_relay_with_others_serves_through_the_grace_then_drains() {
 
 #[test]
 fn asked_again_during_the_grace_it_drains_at_once() {
-    let mut h = Harness::new();
-    join_multi(&mut h, 1, 1);
-    h.said(
-        1,
-        WorkerMessage::Relays {
-            relays: vec!["a".into(), "b".into()],
-        },
-    );
+    let mut h = pool_of_two_relays(1);
     assert_eq!(
         graceful_shutdowns(&h.ev(Event::Shutdown { timeout: 30 * S })),
         0
