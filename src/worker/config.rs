@@ -226,7 +226,11 @@ impl std::fmt::Debug for WorkerConfig {
         f.debug_struct("WorkerConfig")
             .field(
                 "connect_urls",
-                &self.connect_urls.iter().map(|u| redacted(u)).collect::<Vec<_>>(),
+                &self
+                    .connect_urls
+                    .iter()
+                    .map(|u| redacted(u))
+                    .collect::<Vec<_>>(),
             )
             .field("secret", &hidden(!self.secret.is_empty()))
             .field("name", &self.name)

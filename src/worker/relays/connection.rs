@@ -12,8 +12,8 @@ use log::{error, info, warn};
 use tungstenite::client::IntoClientRequest;
 
 use super::backoff::{Backoff, MAX_BACKOFF};
-use crate::worker::backend::url::redacted;
 use super::session;
+use crate::worker::backend::url::redacted;
 use crate::worker::Shared;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -45,14 +45,15 @@ impl Relays {
         }
     }
 
-    /// The URLs of the relays with a registered session.
+    /// The URLs of the relays with a registered session, without any userinfo (they
+    /// are shown to every relay).
     pub fn registered(&self, urls: &[String]) -> Vec<String> {
         let links = self.links.lock();
         links
             .iter()
             .zip(urls)
             .filter(|(l, _)| l.is_some())
-            .map(|(_, u)| u.clone())
+            .map(|(_, u)| super::backend::url::redacted(u))
             .collect()
     }
 

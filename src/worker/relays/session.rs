@@ -147,7 +147,9 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     }
     info!(
         "registered with server {} as {} (models: {:?})",
-        shared.cfg.connect_urls[relay], ack.worker_id, ack.models
+        crate::worker::backend::url::redacted(&shared.cfg.connect_urls[relay]),
+        ack.worker_id,
+        ack.models
     );
     let has = |feature: &str| ack.features.iter().any(|f| f == feature);
     let link = Link {
@@ -373,7 +375,7 @@ fn serve(
                 // still drain the whole worker.
                 info!(
                     "{} is shutting down; serving the other relays meanwhile",
-                    shared.cfg.connect_urls[link.relay]
+                    crate::worker::backend::url::redacted(&shared.cfg.connect_urls[link.relay])
                 );
             }
             ServerMessage::GracefulShutdown {
