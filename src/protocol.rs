@@ -68,6 +68,13 @@ pub const FEATURE_RESPONSE_HEAD: &str = "response_head";
 /// Server feature: `error.retryable` is read, and such requests fail over to another
 /// worker. Workers list it too, so the server knows their errors carry the field.
 pub const FEATURE_FAILOVER: &str = "failover";
+/// A worker serving several relays lists it; a server that lists it back reads `load`
+/// (the worker's live load across all its relays, sent whenever it changes).
+pub const FEATURE_LOAD_REPORTS: &str = "load_reports";
+/// A worker serving several relays lists it; a server that lists it back understands
+/// `busy` (a request refused because other relays took every slot: dispatch it again,
+/// not a failure) and the worker then refuses rather than queues.
+pub const FEATURE_BUSY: &str = "busy";
 
 /// Whether a worker's backend answers (`backend_status.state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -361,6 +368,22 @@ pub enum WorkerMessage {
     OwnerStatus {
         busy: bool,
     },
+    /// Extension ([`FEATURE_LOAD_REPORTS`]): requests running or waiting on the worker,
+    /// from every relay it serves.
+    Load {
+        in_flight: u32,
+    },
+    /// Extension ([`FEATURE_BUSY`]): every slot is taken (by other relays); the request
+    /// never reached the backend. `in_flight` as in `load`.
+    Busy {
+        request_id: String,
+        in_flight: u32,
+    },
+    /// Extension ([`FEATURE_LOAD_REPORTS`]): the relays the worker is registered with
+    /// now (their connect URLs), sent whenever that changes.
+    Relays {
+        relays: Vec<String>,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -390,6 +413,8 @@ struct Raw {
     max_concurrent: Option<u32>,
     protocol_version: Option<String>,
     current_load: Option<u32>,
+    in_flight: Option<u32>,
+    relays: Option<Vec<String>>,
     loaded_models: Option<Vec<String>>,
     backend_kind: Option<String>,
     model_info: Option<serde_json::Value>,
@@ -531,6 +556,16 @@ impl WorkerMessage {
             "sleep_request" => WorkerMessage::SleepRequest {},
             "owner_status" => WorkerMessage::OwnerStatus {
                 busy: need(r.busy, k, "busy")?,
+            },
+            "load" => WorkerMessage::Load {
+                in_flight: need(r.in_flight, k, "in_flight")?,
+            },
+            "busy" => WorkerMessage::Busy {
+                request_id: need(r.request_id, k, "request_id")?,
+                in_flight: need(r.in_flight, k, "in_flight")?,
+            },
+            "relays" => WorkerMessage::Relays {
+                relays: need(r.relays, k, "relays")?,
             },
             _ => WorkerMessage::Unknown(kind),
         })

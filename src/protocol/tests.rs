@@ -116,10 +116,35 @@ fn worker_messages_round_trip_through_the_lenient_parser() {
             headers: HeaderMap::from([("content-type".into(), "application/json".into())]),
             body: Some(r#"{"error":{"message":"model overloaded"}}"#.into()),
         },
+        WorkerMessage::Load { in_flight: 3 },
+        WorkerMessage::Relays {
+            relays: vec!["ws://a/v1/worker/connect".into()],
+        },
+        WorkerMessage::Busy {
+            request_id: "r".into(),
+            in_flight: 4,
+        },
     ];
     for msg in msgs {
         assert_eq!(WorkerMessage::parse(&to_json(&msg)).unwrap(), msg);
     }
+}
+
+#[test]
+fn load_and_busy_have_the_documented_shape() {
+    assert_eq!(
+        to_json(&WorkerMessage::Load { in_flight: 3 }),
+        r#"{"type":"load","in_flight":3}"#
+    );
+    assert_eq!(
+        to_json(&WorkerMessage::Busy {
+            request_id: "r-1".into(),
+            in_flight: 4
+        }),
+        r#"{"type":"busy","request_id":"r-1","in_flight":4}"#
+    );
+    assert!(WorkerMessage::parse(r#"{"type":"busy","in_flight":1}"#).is_err());
+    assert!(WorkerMessage::parse(r#"{"type":"load"}"#).is_err());
 }
 
 #[test]

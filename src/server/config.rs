@@ -106,6 +106,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "on SIGTERM, how long in-flight requests may finish",
     },
     Opt {
+        flag: "drain-grace-secs",
+        env: "DRAIN_GRACE_SECS",
+        default: Some("5"),
+        help: "on SIGTERM, while workers report other relays: keep serving this long (health answers 503) before draining",
+    },
+    Opt {
         flag: "admin-token",
         env: "MODELRELAY_ADMIN_TOKEN",
         default: None,
@@ -341,6 +347,7 @@ impl ServerConfig {
             request_timeout: s.secs("request-timeout-secs", 300)?,
             heartbeat_interval: s.secs("heartbeat-interval-secs", 15)?,
             heartbeat_timeout: s.secs("heartbeat-timeout-secs", 45)?,
+            drain_grace: s.secs("drain-grace-secs", 5)?,
             max_requeues: 3,
             max_models_per_worker: s.number("max-models-per-worker", 256)?,
             affinity: s.get("routing-affinity").is_none() || s.flag_bool("routing-affinity")?,

@@ -118,6 +118,12 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
     );
     e.sample("modelrelay_workers_connected", &[], s.gauges.workers);
     e.family(
+        "modelrelay_relays",
+        "gauge",
+        "Relays the workers report serving (the most any worker reports; at least 1).",
+    );
+    e.sample("modelrelay_relays", &[], s.gauges.relays);
+    e.family(
         "modelrelay_worker_slots",
         "gauge",
         "Worker concurrency slots, total and used.",
@@ -213,6 +219,12 @@ pub fn render(s: &StatsSnapshot, http: &HttpInner, uptime: Duration) -> String {
         "Requests run again on another worker after a failure before the first byte.",
     );
     e.sample("modelrelay_failovers_total", &[], s.counters.failovers);
+    e.family(
+        "modelrelay_busy_refusals_total",
+        "counter",
+        "Dispatches a worker refused as busy (its other relays held every slot), dispatched again.",
+    );
+    e.sample("modelrelay_busy_refusals_total", &[], s.counters.busy);
     e.family(
         "modelrelay_ejections_total",
         "counter",
@@ -386,6 +398,7 @@ pub fn admin_stats(ctx: &Ctx) -> AdminResult {
                 "cancelled_by_reason": s.counters.cancelled_by,
                 "requeued": s.counters.requeued,
                 "failovers": s.counters.failovers,
+                "busy_refusals": s.counters.busy,
                 "dispatched": s.counters.dispatched,
                 "by_status_class": by_status,
             },

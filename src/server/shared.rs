@@ -17,6 +17,8 @@ pub struct Shared {
     workers: AtomicUsize,
     queue_depth: AtomicUsize,
     in_flight: AtomicUsize,
+    /// Relays the workers report (see `Gauges::relays`).
+    relays_reported: AtomicUsize,
     shutting_down: AtomicBool,
     /// Client requests between submission and their last byte written.
     relays: AtomicUsize,
@@ -34,6 +36,7 @@ impl Shared {
             workers: AtomicUsize::new(0),
             queue_depth: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            relays_reported: AtomicUsize::new(1),
             shutting_down: AtomicBool::new(false),
             relays: AtomicUsize::new(0),
             models: RwLock::new(Arc::new(Vec::new())),
@@ -46,6 +49,7 @@ impl Shared {
         self.workers.store(g.workers, Ordering::Relaxed);
         self.queue_depth.store(g.queue_depth, Ordering::Relaxed);
         self.in_flight.store(g.in_flight, Ordering::Relaxed);
+        self.relays_reported.store(g.relays, Ordering::Relaxed);
     }
 
     pub fn gauges(&self) -> Gauges {
@@ -53,6 +57,7 @@ impl Shared {
             workers: self.workers.load(Ordering::Relaxed),
             queue_depth: self.queue_depth.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            relays: self.relays_reported.load(Ordering::Relaxed),
         }
     }
 

@@ -21,10 +21,12 @@ pub fn models(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
 
 pub fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     let g = ctx.shared.gauges();
-    let status = if ctx.shared.is_shutting_down() {
-        "shutting_down"
+    // 503 from the moment a shutdown starts, before anything is refused: a load
+    // balancer checking `/health` moves traffic away during the drain grace.
+    let (code, status) = if ctx.shared.is_shutting_down() {
+        (503, "shutting_down")
     } else {
-        "ok"
+        (200, "ok")
     };
     let body = serde_json::json!({
         "status": status,
@@ -32,7 +34,8 @@ pub fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         "workers_connected": g.workers,
         "queue_depth": g.queue_depth,
         "in_flight": g.in_flight,
+        "relays": g.relays,
         "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
     });
-    conn.write_json(200, &body, req.keep_alive)
+    conn.write_json(code, &body, req.keep_alive)
 }

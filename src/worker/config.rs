@@ -13,7 +13,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "proxy-url",
         env: "PROXY_URL",
         default: Some("http://127.0.0.1:8080"),
-        help: "relay server URL (https:// connects over wss://)",
+        help: "relay server URL, or a comma-separated list of relays to serve all at once (https:// connects over wss://)",
     },
     Opt {
         flag: "worker-secret",
@@ -197,8 +197,9 @@ pub enum ModelSource {
 
 #[derive(Clone)]
 pub struct WorkerConfig {
-    /// `ws://` or `wss://` URL of the connect endpoint, without the query.
-    pub connect_url: String,
+    /// `ws://` or `wss://` URLs of the relays' connect endpoints, without the query: one
+    /// per relay in `PROXY_URL` (a comma-separated list), never empty, no duplicates.
+    pub connect_urls: Vec<String>,
     pub secret: String,
     pub name: String,
     pub provider: String,
@@ -226,8 +227,8 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     pub fn from_settings(s: &Settings) -> Result<WorkerConfig, ConfigError> {
         let secret = s.required("worker-secret", "WORKER_SECRET")?;
-        let connect_url = connect_url(&s.string("proxy-url", "http://127.0.0.1:8080"))?;
-        if connect_url.starts_with("wss://") && !cfg!(feature = "tls") {
+        let connect_urls = connect_urls(&s.string("proxy-url", "http://127.0.0.1:8080"))?;
+        if connect_urls.iter().any(|u| u.starts_with("wss://")) && !cfg!(feature = "tls") {
             return Err(ConfigError(
                 "https:// proxy URLs need a build with the `tls` feature".into(),
             ));
@@ -256,7 +257,7 @@ impl WorkerConfig {
             )));
         }
         Ok(WorkerConfig {
-            connect_url,
+            connect_urls,
             secret,
             name: s
                 .get("worker-name")
@@ -292,7 +293,14 @@ impl std::fmt::Debug for WorkerConfig {
         use super::backend::url::redacted;
         let hidden = |set: bool| if set { "<redacted>" } else { "<unset>" };
         f.debug_struct("WorkerConfig")
-            .field("connect_url", &redacted(&self.connect_url))
+            .field(
+                "connect_urls",
+                &self
+                    .connect_urls
+                    .iter()
+                    .map(|u| redacted(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("secret", &hidden(!self.secret.is_empty()))
             .field("name", &self.name)
             .field("provider", &self.provider)
@@ -311,6 +319,30 @@ impl std::fmt::Debug for WorkerConfig {
             .field("ca_file", &self.ca_file)
             .finish()
     }
+}
+
+/// Most relays one worker serves at once: each costs a thread and a connection.
+pub const MAX_RELAYS: usize = 16;
+
+/// `PROXY_URL`: one URL, or a comma-separated list of relays (duplicates dropped).
+pub fn connect_urls(proxy_url: &str) -> Result<Vec<String>, ConfigError> {
+    let mut urls: Vec<String> = Vec::new();
+    for part in proxy_url.split(',').filter(|p| !p.trim().is_empty()) {
+        let url = connect_url(part)?;
+        if !urls.contains(&url) {
+            urls.push(url);
+        }
+    }
+    if urls.is_empty() {
+        return Err(ConfigError("PROXY_URL is empty".into()));
+    }
+    if urls.len() > MAX_RELAYS {
+        return Err(ConfigError(format!(
+            "PROXY_URL lists {} relays; at most {MAX_RELAYS} are served",
+            urls.len()
+        )));
+    }
+    Ok(urls)
 }
 
 /// `http://host:port[/prefix]` → `ws://host:port[/prefix]/v1/worker/connect`.
@@ -392,6 +424,27 @@ mod tests {
     }
 
     #[test]
+    fn proxy_url_may_list_several_relays() {
+        assert_eq!(
+            connect_urls("http://a:1").unwrap(),
+            vec!["ws://a:1/v1/worker/connect"]
+        );
+        assert_eq!(
+            connect_urls(" http://a:1 , https://b/ ,http://a:1/,").unwrap(),
+            vec!["ws://a:1/v1/worker/connect", "wss://b/v1/worker/connect"]
+        );
+        assert!(connect_urls(" , ").is_err());
+        assert!(connect_urls("http://a:1,b:2").is_err());
+        let many = vec!["http://h:1"; MAX_RELAYS + 1]
+            .iter()
+            .enumerate()
+            .map(|(i, u)| format!("{u}{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(connect_urls(&many).is_err());
+    }
+
+    #[test]
     fn models_star_or_empty_means_ask_the_backend() {
         assert_eq!(parse_models("*"), ModelSource::Backend);
         assert_eq!(parse_models(" "), ModelSource::Backend);
@@ -407,7 +460,7 @@ mod tests {
         assert!(err.0.contains("WORKER_SECRET"));
         let cfg =
             WorkerConfig::from_settings(&Settings::from_pairs(&[("worker-secret", "s")])).unwrap();
-        assert_eq!(cfg.connect_url, "ws://127.0.0.1:8080/v1/worker/connect");
+        assert_eq!(cfg.connect_urls, ["ws://127.0.0.1:8080/v1/worker/connect"]);
         assert_eq!(cfg.protocol_version, "2026-04-bridge-v1");
         assert_eq!(cfg.max_concurrency, 1);
         assert_eq!(cfg.backend_url, "http://127.0.0.1:8000");

@@ -239,13 +239,16 @@ pub fn plan(
     out
 }
 
-/// Tells the current session's server whatever changed since it was last told. The
-/// session's `told` lock is held while sending, so two threads reporting opposite
-/// transitions cannot deliver them out of order.
+/// Tells every relay's session whatever changed since it was last told. Each session's
+/// `told` lock is held while sending, so two threads reporting opposite transitions
+/// cannot deliver them out of order.
 pub fn sync(shared: &Shared, force_models: bool) {
-    let Some(link) = shared.session.lock().clone() else {
-        return;
-    };
+    for link in shared.relays.links() {
+        sync_link(shared, &link, force_models);
+    }
+}
+
+fn sync_link(shared: &Shared, link: &super::relays::session::Link, force_models: bool) {
     let mut told = link.told.lock();
     let models = shared.models.lock().clone();
     let loaded = shared.residency.loaded_among(&models);

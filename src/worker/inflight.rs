@@ -1,5 +1,6 @@
 //! The worker's table of running requests: cancel handles, the live load, and a way to
-//! wait until everything finished (for drain).
+//! wait until everything finished (for drain). A request is known by its relay (the
+//! index in `PROXY_URL`) and its id: two relays number their requests alike.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,37 +49,75 @@ impl Handle {
     }
 }
 
+/// A request's key: its relay and its id.
+type Key = (usize, String);
+
 #[derive(Default)]
 pub struct InFlight {
-    table: Mutex<HashMap<String, Arc<Handle>>>,
+    table: Mutex<HashMap<Key, Arc<Handle>>>,
     changed: Condvar,
 }
 
+/// Why [`InFlight::insert`] did not take a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The id is already running for that relay.
+    Duplicate,
+    /// `limit` requests are running or waiting already.
+    Full,
+}
+
 impl InFlight {
-    /// Registers a request; `None` if the id is already running.
-    pub fn insert(&self, id: &str) -> Option<Arc<Handle>> {
+    /// Registers a request, unless its id runs already or `limit` requests (when given)
+    /// are in the table: the check and the insert are one step, so two relays racing
+    /// for the last slot cannot both get it.
+    pub fn insert(
+        &self,
+        relay: usize,
+        id: &str,
+        limit: Option<usize>,
+    ) -> Result<Arc<Handle>, Refused> {
         let mut table = self.table.lock();
-        if table.contains_key(id) {
-            return None;
+        let key = (relay, id.to_string());
+        if table.contains_key(&key) {
+            return Err(Refused::Duplicate);
+        }
+        if limit.is_some_and(|l| table.len() >= l) {
+            return Err(Refused::Full);
         }
         let handle = Arc::new(Handle::default());
-        table.insert(id.to_string(), handle.clone());
-        Some(handle)
+        table.insert(key, handle.clone());
+        Ok(handle)
     }
 
-    pub fn remove(&self, id: &str) {
-        self.table.lock().remove(id);
+    pub fn remove(&self, relay: usize, id: &str) {
+        self.table.lock().remove(&(relay, id.to_string()));
         self.changed.notify_all();
     }
 
     /// Cancels one request; false if it is not running.
-    pub fn cancel(&self, id: &str) -> bool {
-        let handle = self.table.lock().get(id).cloned();
+    pub fn cancel(&self, relay: usize, id: &str) -> bool {
+        let handle = self.table.lock().get(&(relay, id.to_string())).cloned();
         handle.map(|h| h.cancel()).is_some()
     }
 
     pub fn cancel_all(&self) {
-        let handles: Vec<Arc<Handle>> = self.table.lock().values().cloned().collect();
+        self.cancel_where(|_| true);
+    }
+
+    /// Cancels the requests of one relay (its session ended: answers cannot reach it).
+    pub fn cancel_relay(&self, relay: usize) {
+        self.cancel_where(|r| r == relay);
+    }
+
+    fn cancel_where(&self, which: impl Fn(usize) -> bool) {
+        let handles: Vec<Arc<Handle>> = self
+            .table
+            .lock()
+            .iter()
+            .filter(|((r, _), _)| which(*r))
+            .map(|(_, h)| h.clone())
+            .collect();
         for h in handles {
             h.cancel();
         }
@@ -101,5 +140,26 @@ impl InFlight {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_known_by_relay_and_id_and_the_limit_is_kept() {
+        let t = InFlight::default();
+        assert!(t.insert(0, "r-1", Some(2)).is_ok());
+        // Another relay numbers its requests alike.
+        assert!(t.insert(1, "r-1", Some(2)).is_ok());
+        assert_eq!(t.insert(1, "r-1", None).err(), Some(Refused::Duplicate));
+        assert_eq!(t.insert(1, "r-2", Some(2)).err(), Some(Refused::Full));
+        assert!(t.insert(1, "r-2", None).is_ok());
+        t.cancel_relay(1);
+        assert!(!t.table.lock()[&(0, "r-1".to_string())].is_cancelled());
+        assert!(t.table.lock()[&(1, "r-2".to_string())].is_cancelled());
+        t.remove(1, "r-1");
+        assert_eq!(t.len(), 2);
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! ```text
 //!  main thread: supervisor ── waits for Control::Drain (SIGTERM or graceful_shutdown)
-//!  connection thread: connection.rs ── dial, register, reconnect with backoff
-//!        └─ session.rs: reader loop ─► slots.rs (MAX_CONCURRENCY threads) ─► backend.rs (ureq)
-//!                        writer thread ◄── every outgoing message
+//!  one thread per relay in PROXY_URL: relays/connection.rs ── dial, register, reconnect
+//!        └─ relays/session.rs: reader loop ─► slots.rs (MAX_CONCURRENCY threads, shared
+//!                        by every relay) ─► backend.rs (ureq); slots write answers
+//!                        straight to the session the request came on
 //!  models thread: every MODELS_REFRESH_SECS re-reads the backend's /v1/models (when
 //!                 MODELS is `*`) and its loaded models (backend_kind.rs); also woken by
 //!                 a slot after a request for a model that was not loaded
@@ -19,12 +20,11 @@
 pub mod backend;
 pub mod backend_kind;
 pub mod config;
-pub mod connection;
 pub mod health;
 pub mod inflight;
 pub mod lifecycle;
 pub mod power;
-pub mod session;
+pub mod relays;
 pub mod slots;
 pub mod stream_usage;
 pub mod trim;
@@ -61,8 +61,8 @@ pub struct Shared {
     /// The models the backend serves (what a session advertises may differ: see
     /// `health::sync`).
     pub models: Mutex<Vec<String>>,
-    /// The registered session, when there is one.
-    pub session: Mutex<Option<session::Link>>,
+    /// The registered session of each relay (`relays/`).
+    pub relays: relays::Relays,
     pub control: Sender<Control>,
     /// TLS client configuration for a `wss://` server.
     #[cfg(feature = "tls")]
@@ -96,10 +96,10 @@ pub struct Worker {
     control_rx: Receiver<Control>,
 }
 
-/// The TLS client configuration, when the server URL is `wss://`.
+/// The TLS client configuration, when a relay's URL is `wss://`.
 #[cfg(feature = "tls")]
 fn tls_config(cfg: &WorkerConfig) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
-    if !cfg.connect_url.starts_with("wss://") {
+    if !cfg.connect_urls.iter().any(|u| u.starts_with("wss://")) {
         return Ok(None);
     }
     crate::net::tls::client_config(cfg.ca_file.as_deref()).map(Some)
@@ -127,13 +127,17 @@ impl Worker {
             inflight: inflight::InFlight::default(),
             contexts: trim::Contexts::default(),
             models: Mutex::new(models),
-            session: Mutex::new(None),
+            relays: relays::Relays::new(cfg.connect_urls.len()),
             control,
             #[cfg(feature = "tls")]
             tls,
             slots: slots::Slots::default(),
             lifecycle: lifecycle::Lifecycle::default(),
-            power: power::Power::new(&cfg.power, &cfg.connect_url),
+            // The wake address is the LAN interface toward the first relay.
+            power: power::Power::new(
+                &cfg.power,
+                cfg.connect_urls.first().map_or("", String::as_str),
+            ),
             draining: AtomicBool::new(false),
             drain_signal: Mutex::new(Some(drain_tx)),
             drain_wait,
@@ -162,10 +166,7 @@ impl Worker {
         let _ = std::thread::Builder::new()
             .name("owner".into())
             .spawn(move || power::owner::run(&s));
-        let s = shared.clone();
-        let _ = std::thread::Builder::new()
-            .name("connection".into())
-            .spawn(move || connection::run_forever(s));
+        relays::start(&shared);
         Ok(Worker { shared, control_rx })
     }
 
@@ -190,9 +191,9 @@ fn drain(shared: &Shared, timeout: Duration, why: &str) {
     );
     shared.draining.store(true, Ordering::Release);
     shared.drain_signal.lock().take();
-    let link = shared.session.lock().clone();
-    if let Some(link) = &link {
-        session::announce_drain(shared, link);
+    let links = shared.relays.links();
+    for link in &links {
+        relays::session::announce_drain(shared, link);
     }
     if !shared
         .inflight
@@ -207,7 +208,7 @@ fn drain(shared: &Shared, timeout: Duration, why: &str) {
             .inflight
             .wait_idle(Instant::now() + Duration::from_secs(2));
     }
-    if let Some(link) = link {
+    for link in links {
         link.out.close(close_code::NORMAL, "worker drained");
     }
     info!("drained; exiting");

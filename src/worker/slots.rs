@@ -18,8 +18,9 @@ use parking_lot::Mutex;
 
 use super::backend::{fresh_agent, Outcome, UNAVAILABLE_BODY_CHARS};
 use super::health;
-use super::inflight::Handle;
-use super::session::Out;
+use super::inflight::{Handle, Refused};
+use super::relays;
+use super::relays::session::{Link, Out};
 use super::trim;
 use super::Shared;
 use crate::protocol::{HeaderMap, RequestMessage, WorkerMessage};
@@ -30,6 +31,12 @@ pub struct Job {
     pub handle: Arc<Handle>,
     /// The writer of the session the request came in on.
     pub out: Out,
+    /// That session's relay (its index in `PROXY_URL`).
+    pub relay: usize,
+    /// That relay reads `error.retryable` and runs such requests elsewhere.
+    pub failover: bool,
+    /// That relay asked for `response_head` (the backend's head before the first chunk).
+    pub response_head: bool,
 }
 
 #[derive(Default)]
@@ -64,16 +71,37 @@ impl Slots {
         }
     }
 
-    /// Hands a request to an idle slot, or queues it. False for a duplicate id.
-    pub fn submit(&self, shared: &Shared, req: Arc<RequestMessage>, out: Out) -> bool {
-        let Some(handle) = shared.inflight.insert(&req.request_id) else {
-            warn!(
-                "request {} is already running; duplicate ignored",
-                req.request_id
-            );
-            return false;
+    /// Hands a request to an idle slot, or queues it. False for a duplicate id, or a
+    /// request refused as `busy`: with every slot taken, a relay that understands `busy`
+    /// (only a worker serving several relays offers it) is refused at once and runs the
+    /// request elsewhere or later; any other relay's request waits here for a slot, as
+    /// it always did (an original server counts its own requests and never sends more
+    /// than our slots, so only other relays' work can make it wait).
+    pub fn submit(&self, shared: &Shared, req: Arc<RequestMessage>, link: &Link) -> bool {
+        let limit = link.busy.then_some(shared.cfg.max_concurrency as usize);
+        let handle = match shared.inflight.insert(link.relay, &req.request_id, limit) {
+            Ok(handle) => handle,
+            Err(Refused::Duplicate) => {
+                warn!(
+                    "request {} is already running; duplicate ignored",
+                    req.request_id
+                );
+                return false;
+            }
+            Err(Refused::Full) => {
+                relays::refuse_busy(shared, link, &req.request_id);
+                return false;
+            }
         };
-        let job = Job { req, handle, out };
+        relays::report_load(shared);
+        let job = Job {
+            req,
+            handle,
+            out: link.out.clone(),
+            relay: link.relay,
+            failover: link.failover,
+            response_head: link.response_head,
+        };
         let idle = {
             let mut state = self.state.lock();
             match state.idle.pop() {
@@ -146,7 +174,8 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
     };
     // Off the books before the error goes out: a server that fails the request over
     // may send the same id straight back here, and must not find it still running.
-    shared.inflight.remove(id);
+    shared.inflight.remove(job.relay, id);
+    relays::report_load(shared);
     if let Some(r) = report {
         job.out.send(&r.into_message(id));
     }
@@ -159,11 +188,7 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
 
 /// Runs the request against the backend; a cancelled agent is replaced.
 fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
-    let (failover, head) = shared
-        .session
-        .lock()
-        .as_ref()
-        .map_or((false, false), |l| (l.failover, l.response_head));
+    let head = job.response_head;
     let mut emit = |msg: WorkerMessage| {
         // A server that did not ask for `response_head` is not sent one.
         if head || !matches!(msg, WorkerMessage::ResponseHead { .. }) {
@@ -175,6 +200,7 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
             "forwarding request {}: {} {} (stream: {})",
             job.req.request_id, job.req.model, job.req.endpoint_path, job.req.is_streaming
         );
+        let failover = job.failover;
         let trim =
             trim::attempts::wanted(shared.cfg.context_trim, &job.req).then(|| trim::Policy {
                 contexts: &shared.contexts,

@@ -173,6 +173,11 @@ impl FakeWorker {
             "type": "register", "worker_name": "fake", "models": models,
             "max_concurrent": max, "protocol_version": "1", "current_load": 0
         });
+        FakeWorker::connect_as(addr, register)
+    }
+
+    /// Connects with a `register` of the test's own (features, load), acked.
+    pub fn connect_as(addr: SocketAddr, register: Value) -> FakeWorker {
         match FakeWorker::try_connect(
             addr,
             "/v1/worker/connect?provider=local",

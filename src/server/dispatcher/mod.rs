@@ -15,6 +15,7 @@
 //! | `shutdown.rs` | server drain and exit |
 //! | `fair_queue.rs` | the wait queue: priority classes, aging, fair share by tenant |
 //! | `outliers.rs` | backends reported down, outlier ejection, failover targets |
+//! | `relays.rs` | workers serving several relays: `load` reports, `busy` answers |
 //! | `routing.rs` | which worker takes a request: one ranked choice (capability, health, loaded model, cache affinity, least load, round robin) |
 //! | `affinity.rs` | which prompt prefixes each worker was sent lately (bounded LRU) |
 //! | `sleepers.rs` | sleeping boxes: whom to wake for a request, when to give up |
@@ -25,6 +26,7 @@ pub mod fair_queue;
 pub mod lifecycle;
 mod outliers;
 mod registry;
+mod relays;
 mod requests;
 pub mod routing;
 pub mod runtime;
@@ -96,6 +98,9 @@ pub struct Config {
     pub affinity_wait: Duration,
     /// Waking sleeping boxes (`WAKE_*`).
     pub wake: WakeConfig,
+    /// On shutdown, while the workers report other relays: keep serving this long
+    /// before draining (`DRAIN_GRACE_SECS`), so a load balancer notices first.
+    pub drain_grace: Duration,
 }
 
 /// What a zero timeout stands for: far enough to never come, near enough that adding it
@@ -141,6 +146,7 @@ impl Default for Config {
             affinity: true,
             affinity_wait: Duration::from_millis(DEFAULT_AFFINITY_WAIT_MS),
             wake: WakeConfig::default(),
+            drain_grace: Duration::from_secs(5),
         }
     }
 }
@@ -318,6 +324,8 @@ enum Timer {
     /// A box being woken did not come back in time.
     Wake(u64),
     Ping,
+    /// The drain grace is over: drain now.
+    Grace,
     Shutdown,
 }
 
@@ -395,6 +403,8 @@ pub struct Dispatcher {
     /// When each model was last advertised by some worker (for fast 404s on typos).
     model_seen: HashMap<String, Instant>,
     phase: Phase,
+    /// The drain timeout of a shutdown waiting out its grace (see `shutdown.rs`).
+    grace_pending: Option<Duration>,
     counters: Counters,
     actions: Vec<Action>,
     models_version: u64,
@@ -418,6 +428,7 @@ impl Dispatcher {
             requests: HashMap::new(),
             model_seen: HashMap::new(),
             phase: Phase::Running,
+            grace_pending: None,
             counters: Counters::default(),
             actions: Vec::new(),
             models_version: 0,
@@ -442,6 +453,7 @@ impl Dispatcher {
             workers: self.registry.len(),
             queue_depth: self.queue.len(),
             in_flight: self.requests.len() - self.queue.len(),
+            relays: self.relays_reported(),
         }
     }
 
@@ -523,7 +535,7 @@ impl Dispatcher {
             Event::WorkerLeft { id, reason } => self.worker_left(id, &reason, now),
             Event::DrainWorker { id, timeout } => self.drain_worker(id, timeout, now),
             Event::RefreshModels => self.refresh_models(),
-            Event::Shutdown { timeout } => self.shutdown(timeout, now),
+            Event::Shutdown { timeout } => self.shutdown_requested(timeout, now),
         }
         std::mem::take(&mut self.actions)
     }
@@ -545,6 +557,7 @@ impl Dispatcher {
                 Timer::Task(number) => self.task_timed_out(number, now),
                 Timer::Wake(seq) => self.wake_expired(seq, now),
                 Timer::Ping => self.ping_all(now),
+                Timer::Grace => self.grace_over(now),
                 Timer::Shutdown => self.shutdown_deadline(),
             }
         }

@@ -74,6 +74,9 @@ pub struct Worker {
     pub stay_awake: bool,
     /// Since when its box's owner uses it (`owner_status`): it takes nothing new.
     pub yielded: Option<Instant>,
+    /// The relays it is registered with, as it reports them (`relays`; empty: not
+    /// reported, an original or single-relay worker).
+    pub relays: Vec<String>,
 }
 
 /// Whether a worker takes new work.
@@ -124,6 +127,7 @@ impl Worker {
             wake: None,
             stay_awake: false,
             yielded: None,
+            relays: Vec::new(),
         }
     }
 

@@ -156,6 +156,8 @@ pub struct WorkerInfo {
     pub wakeable: bool,
     /// Pinned awake by the operator: never granted sleep.
     pub stay_awake: bool,
+    /// The relays it reports being registered with (empty: not reported).
+    pub relays: Vec<String>,
 }
 
 /// Dispatcher-side figures for `/metrics` and `/admin/stats`.
@@ -389,6 +391,7 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
             loaded_models: w.loaded_models(),
             backend_kind: w.backend_kind.clone(),
             model_info: w.model_info(),
+            relays: w.relays.clone(),
             backend_version: w.status.backend_version.clone(),
             resources: w.status.resources.clone(),
             loading: loading

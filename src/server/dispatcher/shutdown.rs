@@ -1,5 +1,7 @@
 //! Server shutdown: refuse new work, let in-flight requests finish until the deadline,
-//! then cancel what is left and report `Exit`.
+//! then cancel what is left and report `Exit`. A relay whose workers report other
+//! relays first keeps serving for the drain grace (`/health` already answers 503), so
+//! a load balancer moves traffic away before anything is refused.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,33 @@ use super::{Action, Dispatcher, DrainState, Failure, Phase, RequestId, Stage, Ti
 use crate::protocol::{CancelReason, ServerMessage};
 
 impl Dispatcher {
+    /// SIGTERM (or a test's shutdown): drain now, or after the grace when the pool has
+    /// other relays. Asked again during the grace, it drains at once.
+    pub(super) fn shutdown_requested(&mut self, timeout: Duration, now: Instant) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        let others = self.relays_reported() - 1;
+        if self.grace_pending.is_none() && others > 0 && !self.cfg.drain_grace.is_zero() {
+            info!(
+                "server draining: the workers serve {others} other relay(s); still serving for {}s so load balancers notice",
+                self.cfg.drain_grace.as_secs_f64()
+            );
+            self.grace_pending = Some(timeout);
+            self.timers
+                .insert((now + self.cfg.drain_grace, Timer::Grace));
+            return;
+        }
+        self.grace_pending = None;
+        self.shutdown(timeout, now);
+    }
+
+    pub(super) fn grace_over(&mut self, now: Instant) {
+        if let Some(timeout) = self.grace_pending.take() {
+            self.shutdown(timeout, now);
+        }
+    }
+
     pub(super) fn shutdown(&mut self, timeout: Duration, now: Instant) {
         if self.phase != Phase::Running {
             return;

@@ -20,6 +20,8 @@ pub struct Counters {
     pub failovers: u64,
     /// Workers ejected for failing.
     pub ejections: u64,
+    /// Dispatches a worker refused with `busy` (its other relays held every slot).
+    pub busy: u64,
     /// Dispatches of requests with prompt fingerprints: to the worker holding the
     /// longest prefix, to others because none held any, or elsewhere because the one
     /// holding it was full or too loaded.
@@ -81,6 +83,8 @@ pub struct Gauges {
     pub workers: usize,
     pub queue_depth: usize,
     pub in_flight: usize,
+    /// Relays the workers report they serve (at least this one).
+    pub relays: usize,
 }
 
 /// Where requests are right now, for the live usage stream.

@@ -8,6 +8,8 @@ use crate::protocol::{
     CancelReason, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 
+mod relays;
+
 const S: Duration = Duration::from_secs(1);
 
 struct Harness {

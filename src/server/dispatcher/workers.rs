@@ -53,6 +53,8 @@ impl Dispatcher {
             protocol::power::FEATURE_WAKE_PEERS,
             protocol::power::FEATURE_SLEEP,
             protocol::power::FEATURE_OWNER_YIELD,
+            protocol::FEATURE_LOAD_REPORTS,
+            protocol::FEATURE_BUSY,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -232,6 +234,12 @@ impl Dispatcher {
             }
             WorkerMessage::SleepRequest {} => self.sleep_request(worker, now),
             WorkerMessage::OwnerStatus { busy } => self.owner_status(worker, busy, now),
+            WorkerMessage::Load { in_flight } => self.worker_load(worker, in_flight, now),
+            WorkerMessage::Busy {
+                request_id,
+                in_flight,
+            } => self.worker_busy(worker, &request_id, in_flight, now),
+            WorkerMessage::Relays { relays } => self.worker_relays(worker, relays),
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")

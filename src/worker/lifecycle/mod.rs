@@ -36,7 +36,7 @@ use crossbeam_channel::{Receiver, Sender};
 use log::{info, warn};
 
 use super::backend_kind::Kind;
-use super::session::Out;
+use super::relays::session::Out;
 use super::Shared;
 use crate::protocol::lifecycle::{
     permille, ModelOperation, OperationKind, OperationState, OperationStatus,

@@ -29,7 +29,7 @@ use crate::protocol::lifecycle::{Resources, WorkerStatus};
 use crate::protocol::WorkerMessage;
 use crate::worker::backend::Backend;
 use crate::worker::backend_kind::{llama_server_sleeping, Kind};
-use crate::worker::session::Link;
+use crate::worker::relays::session::Link;
 use crate::worker::Shared;
 
 /// How often the backend is sampled while a lifecycle session is up.
@@ -259,15 +259,17 @@ pub fn run(shared: &Shared) {
         if shared.is_draining() {
             return;
         }
-        let link = shared.session.lock().clone().filter(|l| l.lifecycle);
+        let mut links = shared.relays.links();
+        links.retain(|l| l.lifecycle);
         let kind = shared.residency.kind();
-        let active = match &link {
-            Some(link) if !shared.health.is_down() && sampler.has_sources(kind) => {
-                report(link, sampler.sample(&shared.backend, kind));
-                true
+        // One sample, told to every relay that reads it.
+        let active = !links.is_empty() && !shared.health.is_down() && sampler.has_sources(kind);
+        if active {
+            let status = sampler.sample(&shared.backend, kind);
+            for link in &links {
+                report(link, status.clone());
             }
-            _ => false,
-        };
+        }
         if active {
             crossbeam_channel::select! {
                 recv(kick) -> _ => {}

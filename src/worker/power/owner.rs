@@ -59,11 +59,10 @@ pub fn announce_busy(shared: &Shared) {
     }
 }
 
-/// Tells the current relay the owner's state.
+/// Tells every relay that reads it the owner's state.
 pub fn announce(shared: &Shared) {
-    let link = shared.session.lock().clone();
-    if let Some(link) = link.filter(|l| l.owner_yield) {
-        let busy = shared.power.owner_busy.load(Ordering::Acquire);
+    let busy = shared.power.owner_busy.load(Ordering::Acquire);
+    for link in shared.relays.links().iter().filter(|l| l.owner_yield) {
         link.out.send(&WorkerMessage::OwnerStatus { busy });
     }
 }

@@ -148,7 +148,7 @@ fn resume(shared: &Shared) {
     *sleep.resumed.lock() = true;
     sleep.touch();
     sleep.set_asleep(false);
-    if let Some(link) = shared.session.lock().clone() {
+    for link in shared.relays.links() {
         link.out
             .close(close_code::GOING_AWAY, "worker resumed from sleep");
     }
@@ -160,29 +160,40 @@ fn ask_and_suspend(shared: &Shared, idle: Duration) -> bool {
     let sleep = &shared.power.sleep;
     // Without a relay that understands the request, or a wake address, nobody could
     // wake the box again: it stays up.
-    let link = shared.session.lock().clone();
-    let Some(link) = link.filter(|l| l.sleep) else {
+    // With several relays, every one must understand and grant it: a relay that could
+    // not would go on sending work to a box that is asleep.
+    let links = shared.relays.links();
+    if links.is_empty() || links.iter().any(|l| !l.sleep) {
         sleep.touch();
         return false;
-    };
+    }
     while sleep.answers.1.try_recv().is_ok() {}
-    info!("idle for {}s: asking the relay to sleep", idle.as_secs());
-    link.out.send(&WorkerMessage::SleepRequest {});
-    match sleep.answers.1.recv_timeout(ANSWER_WAIT) {
-        Ok((true, _)) => {}
-        Ok((false, reason)) => {
-            info!(
-                "the relay says stay awake: {}",
-                reason.unwrap_or_else(|| "no reason given".into())
-            );
-            sleep.touch();
-            return false;
+    info!("idle for {}s: asking the relays to sleep", idle.as_secs());
+    for link in &links {
+        link.out.send(&WorkerMessage::SleepRequest {});
+    }
+    let deadline = Instant::now() + ANSWER_WAIT;
+    let mut refusal = None;
+    for _ in &links {
+        match sleep.answers.1.recv_deadline(deadline) {
+            Ok((true, _)) => {}
+            Ok((false, reason)) => {
+                refusal = Some(reason.unwrap_or_else(|| "no reason given".into()))
+            }
+            Err(_) => refusal = Some("a relay did not answer the sleep request".into()),
         }
-        Err(_) => {
-            warn!("the relay did not answer the sleep request; staying awake");
-            sleep.touch();
-            return false;
+    }
+    if let Some(reason) = refusal {
+        info!("staying awake: {reason}");
+        sleep.touch();
+        // A relay that granted sends this box nothing new: a fresh session undoes that.
+        if links.len() > 1 {
+            for link in &links {
+                link.out
+                    .close(close_code::GOING_AWAY, "sleep refused elsewhere");
+            }
         }
+        return false;
     }
     sleep.set_asleep(true);
     // The relay sends nothing new now; what is in flight finishes first.
@@ -192,7 +203,9 @@ fn ask_and_suspend(shared: &Shared, idle: Duration) -> bool {
     {
         shared.inflight.cancel_all();
     }
-    link.out.close(close_code::NORMAL, "worker going to sleep");
+    for link in &links {
+        link.out.close(close_code::NORMAL, "worker going to sleep");
+    }
     let Some(cmd) = shared.cfg.power.suspend_cmd.as_deref() else {
         return true;
     };

@@ -1,4 +1,4 @@
-//! One registered connection to the server. This thread reads; the backend slots and
+//! One registered connection to one relay. Its connection thread reads; the backend slots and
 //! the reader write whole frames through [`SessionWriter`], whose lock covers only the
 //! write half, so frames never interleave, no lock is held while a read blocks, and a
 //! chunk leaves the moment its slot read it from the backend (no writer thread to wake).
@@ -13,11 +13,11 @@ use std::sync::Mutex;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
-use super::health::{self, Told};
-use super::{Control, Shared};
 use crate::net::Stream;
 use crate::protocol::lifecycle::{WorkerStatus, FEATURE_LIFECYCLE};
 use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::worker::health::{self, Told};
+use crate::worker::{Control, Shared};
 use crate::ws::{self, close_code, ReadHalf, Writer};
 
 /// The write half of the session's socket, shared by every thread that sends.
@@ -76,13 +76,17 @@ impl SessionWriter {
     }
 }
 
+/// The `graceful_shutdown` reason of a relay that is itself stopping.
+const SERVER_SHUTDOWN: &str = "server_shutdown";
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The link other threads use to reach the current session.
+/// The link other threads use to reach one relay's current session.
 #[derive(Clone)]
 pub struct Link {
     pub out: Out,
+    /// The relay's index in `PROXY_URL`.
+    pub relay: usize,
     /// The server understands `worker_draining`.
     pub server_drain: bool,
     /// The server understands `backend_status`.
@@ -101,6 +105,13 @@ pub struct Link {
     pub sleep: bool,
     /// The server reads `owner_status` (`worker/power/owner.rs`).
     pub owner_yield: bool,
+    /// The relay reads `load` (listed `load_reports` back).
+    pub load_reports: bool,
+    /// The relay understands `busy`: refuse its requests when every slot is taken.
+    pub busy: bool,
+    /// The load this relay was last told (`register` or `load`), under the lock that
+    /// orders load reports (see `relays::report_load`).
+    pub load_told: Arc<parking_lot::Mutex<Option<u32>>>,
 }
 
 /// How a session ended.
@@ -112,8 +123,8 @@ pub enum End {
     NotRegistered(String),
 }
 
-/// Registers on a connected socket and serves it until it ends.
-pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
+/// Registers on a connected socket to relay `relay` and serves it until it ends.
+pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     let max = shared.cfg.max_ws_message_bytes;
     let (Ok(read_stream), Ok(write_stream)) = (stream.try_clone(), stream.try_clone()) else {
         return End::NotRegistered("cannot clone socket".into());
@@ -123,6 +134,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
     let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(max)));
 
     let register = register_message(shared);
+    let registered_load = register.current_load;
     let told = Told::registered(
         register.models.clone(),
         register.loaded_models.clone(),
@@ -140,12 +152,15 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         warn!("server warning: {w}");
     }
     info!(
-        "registered with server as {} (models: {:?})",
-        ack.worker_id, ack.models
+        "registered with server {} as {} (models: {:?})",
+        crate::worker::backend::url::redacted(&shared.cfg.connect_urls[relay]),
+        ack.worker_id,
+        ack.models
     );
     let has = |feature: &str| ack.features.iter().any(|f| f == feature);
     let link = Link {
         out: out.clone(),
+        relay,
         server_drain: has(protocol::FEATURE_WORKER_DRAIN),
         backend_health: has(protocol::FEATURE_BACKEND_HEALTH),
         failover: has(protocol::FEATURE_FAILOVER),
@@ -155,26 +170,34 @@ pub fn run(stream: Stream, shared: &Arc<Shared>) -> End {
         status_told: Arc::default(),
         sleep: has(protocol::power::FEATURE_SLEEP),
         owner_yield: has(protocol::power::FEATURE_OWNER_YIELD),
+        load_reports: has(protocol::FEATURE_LOAD_REPORTS),
+        busy: has(protocol::FEATURE_BUSY),
+        load_told: Arc::new(parking_lot::Mutex::new(registered_load)),
     };
-    *shared.session.lock() = Some(link.clone());
-    super::power::owner::announce_busy(shared);
+    shared.relays.set(relay, Some(link.clone()));
+    crate::worker::power::owner::announce_busy(shared);
     if shared.is_draining() {
         announce_drain(shared, &link);
     }
     // A backend that is down now (or went down since `register`): say so at once.
     health::sync(shared, false);
+    // Likewise the load, if it changed since `register`; and every relay hears of this one.
+    super::report_load(shared);
+    super::report_relays(shared);
     // A new server has heard nothing of the backend's version and resources.
     shared.lifecycle.kick();
     let reason = serve(
         &mut ctx,
         &mut reader,
         shared,
-        &out,
+        &link,
         ack.heartbeat_interval_secs,
     );
-    *shared.session.lock() = None;
-    // Answers can no longer be delivered: stop the backend; the server requeues.
-    shared.inflight.cancel_all();
+    shared.relays.set(relay, None);
+    super::report_relays(shared);
+    // This relay's answers can no longer be delivered: stop them at the backend (the
+    // relay requeues them); the other relays' requests run on.
+    shared.inflight.cancel_relay(relay);
     out.close(close_code::GOING_AWAY, "worker reconnecting");
     End::Lost(reason)
 }
@@ -200,7 +223,13 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
         protocol::FEATURE_RESPONSE_HEAD.into(),
     ];
-    features.extend(super::power::features(&shared.cfg.power));
+    features.extend(crate::worker::power::features(&shared.cfg.power));
+    // Only a worker serving several relays shares its slots: with one, `register` is
+    // exactly what it always was.
+    if shared.cfg.connect_urls.len() > 1 {
+        features.push(protocol::FEATURE_LOAD_REPORTS.into());
+        features.push(protocol::FEATURE_BUSY.into());
+    }
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
         models,
@@ -300,9 +329,10 @@ fn serve(
     ctx: &mut WebSocketContext,
     reader: &mut ReadHalf<Stream>,
     shared: &Arc<Shared>,
-    out: &Out,
+    link: &Link,
     announced: Option<u64>,
 ) -> String {
+    let out = &link.out;
     let mut silence = Silence::default();
     let mut limit = silence.announced(announced.map(Duration::from_secs));
     if let Some(limit) = limit {
@@ -328,10 +358,10 @@ fn serve(
         match msg {
             ServerMessage::Request(req) => {
                 shared.power.sleep.touch();
-                shared.slots.submit(shared, req, out.clone());
+                shared.slots.submit(shared, req, link);
             }
             ServerMessage::Cancel { request_id, reason } => {
-                if shared.inflight.cancel(&request_id) {
+                if shared.inflight.cancel(link.relay, &request_id) {
                     info!(
                         "request {request_id} cancelled by server ({})",
                         reason.as_str()
@@ -346,6 +376,21 @@ fn serve(
                     current_load,
                     timestamp_unix_ms,
                 });
+            }
+            ServerMessage::GracefulShutdown {
+                reason,
+                drain_timeout_secs: _,
+            } if shared.cfg.connect_urls.len() > 1
+                && reason.as_deref() == Some(SERVER_SHUTDOWN) =>
+            {
+                // One relay of several is going away: it sends nothing new and closes
+                // when its requests are done; the worker serves the others meanwhile
+                // and dials it again (a restart). Other reasons (an operator's drain)
+                // still drain the whole worker.
+                info!(
+                    "{} is shutting down; serving the other relays meanwhile",
+                    crate::worker::backend::url::redacted(&shared.cfg.connect_urls[link.relay])
+                );
             }
             ServerMessage::GracefulShutdown {
                 reason,
@@ -364,16 +409,16 @@ fn serve(
                 let shared = shared.clone();
                 let _ = std::thread::Builder::new()
                     .name("models-refresh".into())
-                    .spawn(move || super::refresh_models(&shared, true));
+                    .spawn(move || crate::worker::refresh_models(&shared, true));
             }
             ServerMessage::ModelOperation(op) => {
-                super::lifecycle::start(shared, op, out.clone());
+                crate::worker::lifecycle::start(shared, op, out.clone());
             }
             ServerMessage::WakePeer {
                 worker_name,
                 mac,
                 broadcast,
-            } => super::power::wake::wake_peer(&worker_name, &mac, &broadcast),
+            } => crate::worker::power::wake::wake_peer(&worker_name, &mac, &broadcast),
             ServerMessage::SleepAnswer { granted, reason } => {
                 shared.power.sleep.answered(granted, reason)
             }

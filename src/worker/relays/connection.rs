@@ -1,22 +1,22 @@
-//! Dialing the server and staying connected: WebSocket handshake with the secret in
-//! `X-Worker-Secret`, and reconnection with exponential backoff (1 s doubling to 30 s,
-//! plus up to 500 ms of jitter). A refused secret is retried at the slow end.
+//! Dialing one relay and staying connected: WebSocket handshake with the secret in
+//! `X-Worker-Secret`, and reconnection with backoff (`backoff.rs`, plus up to 500 ms of
+//! jitter). A refused secret is retried at the slow end.
 
 use std::net::{TcpStream, ToSocketAddrs};
 
 use crate::net::Stream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use tungstenite::client::IntoClientRequest;
 
-use super::backend::url::redacted;
-use super::{session, Shared};
+use super::backoff::{Backoff, MAX_BACKOFF};
+use super::session;
+use crate::worker::backend::url::redacted;
+use crate::worker::Shared;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const MIN_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 pub enum DialError {
@@ -25,68 +25,64 @@ pub enum DialError {
     Other(String),
 }
 
-/// Connects and serves until the worker drains.
-pub fn run_forever(shared: Arc<Shared>) {
-    let mut backoff = MIN_BACKOFF;
+/// Connects to relay `relay` (its index in `PROXY_URL`) and serves it until the worker
+/// drains.
+pub fn run_forever(shared: Arc<Shared>, relay: usize) {
+    let url = shared.cfg.connect_urls[relay].clone();
+    // For logs: without any userinfo the URL carries.
+    let shown = redacted(&url);
+    let mut backoff = Backoff::default();
     while !shared.is_draining() {
-        let delay = match dial(&shared) {
+        let delay = match dial(&shared, &url) {
             Ok(stream) => {
-                info!("connected to {}", redacted(&shared.cfg.connect_url));
-                match session::run(stream, &shared) {
+                info!("connected to {shown}");
+                match session::run(stream, &shared, relay) {
                     session::End::Lost(reason) => {
-                        backoff = MIN_BACKOFF;
                         if shared.is_draining() {
                             return;
                         }
                         // Asleep: no reconnection until the box resumes, then at once.
                         if shared.power.sleep.hold() {
-                            info!("awake again: reconnecting");
+                            info!("awake again: reconnecting to {shown}");
                             continue;
                         }
-                        warn!("disconnected from server: {reason}; reconnecting");
-                        MIN_BACKOFF
+                        warn!("disconnected from server {shown}: {reason}; reconnecting");
+                        backoff.lost(Instant::now())
                     }
                     session::End::NotRegistered(reason) => {
-                        error!("registration failed: {reason}");
-                        next(&mut backoff)
+                        error!("registration with {shown} failed: {reason}");
+                        backoff.failed(Instant::now())
                     }
                 }
             }
             Err(DialError::Refused(401)) => {
                 error!(
-                    "server rejected the worker secret (401); check WORKER_SECRET. Retrying in {}s",
+                    "{shown} rejected the worker secret (401); check WORKER_SECRET. Retrying in {}s",
                     MAX_BACKOFF.as_secs()
                 );
-                backoff = MAX_BACKOFF;
-                MAX_BACKOFF
+                backoff.refused()
             }
             Err(DialError::Refused(status)) => {
                 error!(
-                    "server refused the connection with HTTP {status} (provider `{}`)",
+                    "{shown} refused the connection with HTTP {status} (provider `{}`)",
                     shared.cfg.provider
                 );
-                next(&mut backoff)
+                backoff.failed(Instant::now())
             }
             Err(DialError::Other(e)) => {
-                warn!(
-                    "cannot connect to {}: {e}",
-                    redacted(&shared.cfg.connect_url)
-                );
-                next(&mut backoff)
+                warn!("cannot connect to {shown}: {e}");
+                backoff.failed(Instant::now())
             }
         };
         let delay = delay + jitter();
-        info!("next connection attempt in {:.1}s", delay.as_secs_f64());
+        info!(
+            "next connection attempt to {shown} in {:.1}s",
+            delay.as_secs_f64()
+        );
         if shared.wait_for_drain(delay) {
             return;
         }
     }
-}
-
-fn next(backoff: &mut Duration) -> Duration {
-    let current = *backoff;
-    *backoff = (*backoff * 2).min(MAX_BACKOFF);
-    current
 }
 
 fn jitter() -> Duration {
@@ -96,10 +92,10 @@ fn jitter() -> Duration {
 }
 
 /// Opens the TCP connection and performs the WebSocket upgrade.
-pub fn dial(shared: &Shared) -> Result<Stream, DialError> {
+pub fn dial(shared: &Shared, connect_url: &str) -> Result<Stream, DialError> {
     let cfg = &shared.cfg;
-    let secure = cfg.connect_url.starts_with("wss://");
-    let url = format!("{}?provider={}", cfg.connect_url, encode(&cfg.provider));
+    let secure = connect_url.starts_with("wss://");
+    let url = format!("{connect_url}?provider={}", encode(&cfg.provider));
     let mut request = url
         .as_str()
         .into_client_request()
@@ -123,7 +119,7 @@ pub fn dial(shared: &Shared) -> Result<Stream, DialError> {
             Ok(sock) => {
                 let _ = sock.set_nodelay(true);
                 let _ = sock.set_read_timeout(Some(CONNECT_TIMEOUT));
-                let stream = wrap(shared, sock, &host)?;
+                let stream = wrap(shared, sock, &host, secure)?;
                 return match tungstenite::client::client(request, stream) {
                     Ok((ws, _)) => {
                         let stream = ws.into_inner();
@@ -142,14 +138,15 @@ pub fn dial(shared: &Shared) -> Result<Stream, DialError> {
     Err(DialError::Other(last))
 }
 
-/// TLS when the worker has a client configuration (a `wss://` URL), plain otherwise.
-fn wrap(shared: &Shared, sock: TcpStream, host: &str) -> Result<Stream, DialError> {
+/// TLS toward a `wss://` relay (the worker then has a client configuration), plain
+/// otherwise: one `PROXY_URL` list may mix both.
+fn wrap(shared: &Shared, sock: TcpStream, host: &str, secure: bool) -> Result<Stream, DialError> {
     #[cfg(feature = "tls")]
-    if let Some(config) = &shared.tls {
+    if let (true, Some(config)) = (secure, &shared.tls) {
         return Stream::tls_client(sock, host, config.clone())
             .map_err(|e| DialError::Other(e.to_string()));
     }
-    let _ = (shared, host);
+    let _ = (shared, host, secure);
     Ok(Stream::plain(sock))
 }
 
