@@ -33,6 +33,7 @@ pub mod relay;
 pub mod reply;
 pub mod shared;
 pub mod status;
+pub mod store;
 pub mod tenancy;
 pub mod usage;
 pub mod worker_socket;
@@ -68,6 +69,8 @@ pub struct Ctx {
     pub keys: Option<keys::KeyStore>,
     /// Token usage: the journal and the live usage stream.
     pub usage: usage::Ledger,
+    /// Where shared state lives (this relay alone, or Redis with `STATE_URL`).
+    pub store: store::Store,
     /// Who may load, unload and flush models.
     pub governance: lifecycle::governance::Governance,
     /// The web dashboard's sessions, live feed and download checksums.
@@ -140,8 +143,10 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     } else {
         None
     };
+    let store = store::Store::open(&cfg.state_dir, cfg.state_url.as_deref())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let governance =
-        lifecycle::governance::Governance::open(&cfg.governance, &cfg.state_dir, usage::unix_now())
+        lifecycle::governance::Governance::with_store(&cfg.governance, &store, usage::unix_now())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     let usage = usage::Ledger::open(&cfg.state_dir, persist, cfg.usage_retention_days)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
@@ -167,7 +172,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
-        gate: tenancy::gate::Gate::new(cfg.tenancy.clone()),
+        gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store),
+        store,
         keys,
         usage,
         governance,

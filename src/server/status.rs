@@ -34,5 +34,9 @@ pub fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         "in_flight": g.in_flight,
         "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
     });
+    let mut body = body;
+    if ctx.store.is_shared() {
+        body["state_store"] = serde_json::json!(ctx.store.status());
+    }
     conn.write_json(200, &body, req.keep_alive)
 }

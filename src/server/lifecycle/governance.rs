@@ -202,13 +202,26 @@ pub enum Authorized {
 pub struct Governance {
     cfg: Config,
     /// Loaded when `VERIFIED_OP_TOKEN_KEY_PATH` is set, with the replay store.
-    tokens: Option<(KeySet, NonceStore)>,
+    tokens: Option<(KeySet, Box<dyn crate::server::store::Nonces>)>,
 }
 
 impl Governance {
     /// Loads the keys and opens the replay store in `state_dir` (only when a key path is
     /// configured). Errors are configuration problems, for start-up.
     pub fn open(cfg: &Config, state_dir: &Path, now_unix: u64) -> Result<Governance, String> {
+        Governance::with_store(
+            cfg,
+            &crate::server::store::Store::local(state_dir),
+            now_unix,
+        )
+    }
+
+    /// As [`Governance::open`], with the replay store where `store` keeps nonces.
+    pub fn with_store(
+        cfg: &Config,
+        store: &crate::server::store::Store,
+        now_unix: u64,
+    ) -> Result<Governance, String> {
         let Some(path) = &cfg.key_path else {
             return Ok(Governance {
                 cfg: cfg.clone(),
@@ -217,7 +230,7 @@ impl Governance {
         };
         let keys = KeySet::load(path)?;
         check_keys(cfg, &keys)?;
-        let nonces = NonceStore::open(state_dir, now_unix)?;
+        let nonces = store.nonces(now_unix)?;
         log::info!(
             "lifecycle governance: op tokens verified with {}; {} valid signer(s) needed; admin token {}",
             describe(&keys),

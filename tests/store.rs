@@ -1,0 +1,229 @@
+//! Two relays (the real server binary twice) sharing one real `redis-server`
+//! (`STATE_URL`): rate limits exact across relays, an op token spent on one refused on
+//! the other, and what each relay does while Redis is gone and after it is back.
+//! Skipped with a message when `redis-server` is not installed, except under CI.
+#![cfg(feature = "redis-store")]
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use common::procs::{tool, ServerProc};
+use common::{request, wait_until, FakeWorker, Seen};
+use modelrelay::protocol::ServerMessage;
+use modelrelay::server::lifecycle::governance::keys::KeySet;
+use modelrelay::server::lifecycle::governance::mint;
+use modelrelay::server::lifecycle::governance::token::OpToken;
+use serde_json::{json, Value};
+
+/// A `redis-server` on a loopback port, with no persistence; killed on drop.
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let mut r = Redis { port, child: None };
+        r.restart();
+        r
+    }
+
+    /// Starts it (again) on the same port and waits until it answers.
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        wait_until("redis-server to listen", || {
+            (TcpStream::connect(addr).is_ok(), String::new())
+        });
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+const KEY: &str = "a-shared-governance-key-of-at-least-32-bytes";
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mr-store-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// Two relays on `redis`, governed by op tokens, with `teama` limited to 60/min.
+fn relays(redis: &Redis, dir: &std::path::Path) -> (ServerProc, ServerProc) {
+    let key = dir.join("op.key");
+    std::fs::write(&key, KEY).expect("key");
+    let key = key.to_string_lossy().into_owned();
+    let url = redis.url();
+    let start = |name: &str| {
+        let state = dir.join(name).to_string_lossy().into_owned();
+        ServerProc::start(&[
+            ("STATE_URL", &url),
+            ("STATE_DIR", &state),
+            ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
+            ("TENANT_RATE_LIMIT_teama", "60req/min"),
+            ("TENANT_RATE_LIMIT_teamb", "60req/min"),
+            // Limited, so that its requests reach the store (and reconnect to it).
+            ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
+        ])
+    };
+    let (a, b) = (start("a"), start("b"));
+    answer_all(a.addr);
+    answer_all(b.addr);
+    a.wait_workers(1);
+    b.wait_workers(1);
+    (a, b)
+}
+
+/// A worker on `relay` that answers every request at once, until the relay is gone.
+fn answer_all(relay: SocketAddr) {
+    let worker = FakeWorker::connect(relay, &["m"], 8);
+    std::thread::spawn(move || loop {
+        match worker.next_seen(std::time::Duration::from_secs(120)) {
+            Some(Seen::Msg(ServerMessage::Request(r))) => worker.complete(&r.request_id, 200, "{}"),
+            Some(Seen::Msg(_)) => {}
+            Some(Seen::Closed(_)) | None => return,
+        }
+    });
+}
+
+/// One chat request as `tenant`: 200 when admitted, 429 when refused.
+fn chat_status(addr: SocketAddr, tenant: &str) -> u16 {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+        &[("x-tenant-id", tenant)],
+    )
+    .status
+}
+
+/// Of 100 requests alternating between `a` and `b`, how many were admitted.
+fn admitted_of_100(a: &ServerProc, b: &ServerProc, tenant: &str) -> usize {
+    (0..100)
+        .filter(|i| {
+            let addr = if i % 2 == 0 { a.addr } else { b.addr };
+            chat_status(addr, tenant) != 429
+        })
+        .count()
+}
+
+fn load(addr: SocketAddr, token: &str) -> (u16, Value) {
+    let body = json!({"modelId": "m", "verifiedOpToken": token});
+    let r = request(
+        addr,
+        "POST",
+        "/v1/models/load",
+        Some(&body.to_string()),
+        &[],
+    );
+    let code = r.json()["error"]["code"].clone();
+    (r.status, code)
+}
+
+fn token(nonce: &str, dir: &std::path::Path) -> String {
+    let keys = KeySet::load(&dir.join("op.key")).expect("keys");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = OpToken {
+        operation: "model-load".into(),
+        model_id: "m".into(),
+        issued_at: now,
+        signers: vec!["ops".into()],
+        nonce: nonce.into(),
+    };
+    mint::sign(&keys, &claims).expect("token")
+}
+
+fn store_health(s: &ServerProc) -> Value {
+    s.health()["state_store"].clone()
+}
+
+#[test]
+fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("two");
+    let mut redis = Redis::start();
+    let (a, b) = relays(&redis, &dir);
+
+    // Limits: one bucket for both relays.
+    assert_eq!(admitted_of_100(&a, &b, "teama"), 60);
+
+    // Op tokens: spent on A, refused on B.
+    let t = token("nonce-store-0001", &dir);
+    let (status, code) = load(a.addr, &t);
+    assert!(
+        !code.as_str().unwrap_or("").starts_with("op_token"),
+        "A accepts the token: {status} {code}"
+    );
+    assert_eq!(load(b.addr, &t), (401, json!("op_token_replayed")));
+    assert_eq!(store_health(&a)["reachable"], true);
+
+    // Redis gone: governed calls refused, limits fall back to each relay's own.
+    redis.stop();
+    let (status, code) = load(b.addr, &token("nonce-store-0002", &dir));
+    assert_eq!(status, 503, "no replay store, no governed call: {code}");
+    assert_eq!(store_health(&b)["reachable"], false);
+    assert_ne!(
+        chat_status(a.addr, "teamb"),
+        429,
+        "admitted by A's own limiter"
+    );
+    assert_eq!(store_health(&a)["reachable"], false);
+    a.proc.wait_line("state store unreachable");
+
+    // Back: exact again once each relay has reconnected.
+    redis.restart();
+    for s in [&a, &b] {
+        wait_until("the relay to reach the store again", || {
+            let _ = chat_status(s.addr, "probe");
+            let h = store_health(s);
+            (h["reachable"] == true, h.to_string())
+        });
+        s.proc.wait_line("state store reachable again");
+    }
+    assert_eq!(admitted_of_100(&a, &b, "teamb"), 60);
+    let t = token("nonce-store-0003", &dir);
+    let (_, code) = load(b.addr, &t);
+    assert!(
+        !code.as_str().unwrap_or("").starts_with("op_token"),
+        "{code}"
+    );
+    assert_eq!(load(a.addr, &t), (401, json!("op_token_replayed")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
