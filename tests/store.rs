@@ -227,3 +227,105 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     assert_eq!(load(a.addr, &t), (401, json!("op_token_replayed")));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+const ADMIN: &str = "store-admin-token";
+
+fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> common::Response {
+    let auth = format!("Bearer {ADMIN}");
+    let body = body.map(|b| b.to_string());
+    request(
+        addr,
+        method,
+        path,
+        body.as_deref(),
+        &[("authorization", &auth)],
+    )
+}
+
+/// `GET /v1/models` with a client key: 200 when the relay knows it, 401 when not.
+fn models_with(addr: SocketAddr, secret: &str) -> u16 {
+    let auth = format!("Bearer {secret}");
+    request(addr, "GET", "/v1/models", None, &[("authorization", &auth)]).status
+}
+
+/// Waits until `relay` lists key `id` with `revoked`.
+fn wait_for_key(relay: &ServerProc, id: &str, revoked: bool) {
+    wait_until("the relay to follow the shared keys", || {
+        let listed = admin(relay.addr, "GET", "/admin/keys", None).json();
+        let found = listed["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|k| k["id"] == id && k["revoked"] == revoked);
+        (found, listed.to_string())
+    });
+}
+
+#[test]
+fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("keys");
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let start = |name: &str| {
+        let state = dir.join(name).to_string_lossy().into_owned();
+        ServerProc::start(&[
+            ("STATE_URL", &url),
+            ("STATE_DIR", &state),
+            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
+            ("MODELRELAY_REQUIRE_API_KEYS", "true"),
+        ])
+    };
+    let (a, b) = (start("a"), start("b"));
+
+    let created = admin(a.addr, "POST", "/admin/keys", Some(json!({"name": "ci"})));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let created = created.json();
+    let (id, secret) = (
+        created["id"].as_str().unwrap(),
+        created["key"].as_str().unwrap(),
+    );
+    // Waits on the admin list (probing with the secret would trip the relay's limit on
+    // failed authentications).
+    wait_for_key(&b, id, false);
+    assert_eq!(models_with(b.addr, secret), 200);
+    // Hashed at rest: the secret is nowhere in Redis's copy (checked through B's file).
+    let file = std::fs::read_to_string(dir.join("b").join("keys.json")).expect("local copy");
+    assert!(!file.contains(secret) && file.contains(id));
+
+    // Revoked on B: A refuses it once it has followed.
+    let revoked_at = std::time::Instant::now();
+    assert_eq!(
+        admin(b.addr, "DELETE", &format!("/admin/keys/{id}"), None).status,
+        200
+    );
+    wait_for_key(&a, id, true);
+    assert_eq!(models_with(a.addr, secret), 401);
+    eprintln!(
+        "revocation reached the other relay in {:?}",
+        revoked_at.elapsed()
+    );
+
+    // Redis gone: keys keep authenticating from each relay's copy; changes are refused.
+    let second = admin(a.addr, "POST", "/admin/keys", Some(json!({"name": "two"}))).json();
+    let secret2 = second["key"].as_str().unwrap().to_string();
+    wait_for_key(&b, second["id"].as_str().unwrap(), false);
+    redis.stop();
+    wait_until("B to notice the store is gone", || {
+        let h = store_health(&b);
+        (h["reachable"] == false, h.to_string())
+    });
+    assert_eq!(models_with(a.addr, &secret2), 200);
+    assert_eq!(models_with(b.addr, &secret2), 200);
+    assert_eq!(models_with(b.addr, secret), 401);
+    let refused = admin(
+        a.addr,
+        "POST",
+        "/admin/keys",
+        Some(json!({"name": "three"})),
+    );
+    assert_eq!(refused.status, 500, "{}", refused.text());
+    let _ = std::fs::remove_dir_all(&dir);
+}

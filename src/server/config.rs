@@ -112,7 +112,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "state-url",
         env: "STATE_URL",
         default: None,
-        help: "redis://[user:pass@]host:port/db: share rate limits and op-token nonces with the other relays through Redis or Valkey (needs the redis-store build)",
+        help: "redis://[user:pass@]host:port/db: share API keys, rate limits and op-token nonces with the other relays through Redis or Valkey (needs the redis-store build)",
     },
     Opt {
         flag: "usage-retention-days",

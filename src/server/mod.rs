@@ -136,15 +136,15 @@ impl ShutdownHandle {
 pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     // Keys and usage are kept on disk once someone can manage or read them.
     let persist = cfg.require_api_keys || cfg.admin_token.is_some();
+    let store = store::Store::open(&cfg.state_dir, cfg.state_url.as_deref())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let keys = if persist {
-        let store = keys::KeyStore::open(&cfg.state_dir)
+        let keys = keys::KeyStore::open(&cfg.state_dir)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        Some(store)
+        Some(keys.with_mirror(store.key_mirror()))
     } else {
         None
     };
-    let store = store::Store::open(&cfg.state_dir, cfg.state_url.as_deref())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let governance =
         lifecycle::governance::Governance::with_store(&cfg.governance, &store, usage::unix_now())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
@@ -191,6 +191,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         inputs,
         shared,
     });
+    ctx.store.follow_keys(&ctx)?;
     {
         let (hub, inputs) = (ctx.usage.hub.clone(), ctx.inputs.clone());
         let (journal, shared) = (ctx.usage.shared_journal(), ctx.shared.clone());

@@ -23,6 +23,13 @@ pub trait Nonces: Send + Sync {
     fn remember(&self, nonce: &str, issued_at: u64, now: u64) -> Remembered;
 }
 
+/// API keys: a created or revoked key is published here for every relay; each relay
+/// keeps authenticating from its own copy ([`crate::server::keys::KeyStore`]).
+pub trait KeyMirror: Send + Sync {
+    /// Makes `record` (hashed secret only) the fleet's version of that key.
+    fn publish(&self, record: &crate::server::keys::KeyRecord) -> Result<(), String>;
+}
+
 /// Rate-limit buckets (GCRA), keyed by tenant.
 pub trait Limits: Send + Sync {
     /// Admits one request for `key` and counts it, or refuses it without counting.
@@ -108,6 +115,31 @@ impl Store {
         }
         let _ = name;
         Box::new(local)
+    }
+
+    /// Where key changes are published; none when every relay keeps its own keys.
+    pub fn key_mirror(&self) -> Option<Box<dyn KeyMirror>> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Some(Box::new(redis::SharedKeys::new(shared.clone())));
+        }
+        None
+    }
+
+    /// Keeps the relay's keys equal to the shared store's list, on a thread of its own
+    /// that polls the list's version (a change shows on every relay within a second);
+    /// nothing to do without a shared store or without keys.
+    pub fn follow_keys(&self, ctx: &std::sync::Arc<crate::server::Ctx>) -> std::io::Result<()> {
+        #[cfg(feature = "redis-store")]
+        if let (Some(shared), Some(_)) = (&self.shared, &ctx.keys) {
+            let (shared, ctx) = (shared.clone(), ctx.clone());
+            std::thread::Builder::new()
+                .name("key-sync".into())
+                .stack_size(crate::server::THREAD_STACK)
+                .spawn(move || redis::follow_keys(&shared, &ctx))?;
+        }
+        let _ = ctx;
+        Ok(())
     }
 
     /// The store's health and counters.

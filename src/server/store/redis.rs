@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{Limits, Nonces, Status};
+use crate::server::keys::KeyRecord;
 use crate::server::lifecycle::governance::replay::{Remembered, FORGET_MARGIN_SECS};
 use crate::server::lifecycle::governance::WINDOW_SECS;
 use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
@@ -54,7 +55,7 @@ impl Redis {
         let client = redis::Client::open(url).map_err(|e| format!("invalid STATE_URL: {e}"))?;
         let info = client.get_connection_info();
         log::info!(
-            "state store: redis at {} (rate limits and op-token nonces shared)",
+            "state store: redis at {} (API keys, rate limits and op-token nonces shared)",
             info.addr()
         );
         Ok(Redis {
@@ -96,7 +97,9 @@ impl Redis {
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
                 self.rtt_us_total.fetch_add(us, Ordering::Relaxed);
                 if !self.reachable.swap(true, Ordering::Relaxed) {
-                    log::warn!("state store reachable again: shared limits and nonces back in use");
+                    log::warn!(
+                        "state store reachable again: shared keys, limits and nonces back in use"
+                    );
                 }
                 Ok(v)
             }
@@ -121,7 +124,7 @@ impl Redis {
         self.errors.fetch_add(1, Ordering::Relaxed);
         if self.reachable.swap(false, Ordering::Relaxed) {
             log::error!(
-                "state store unreachable ({}): op tokens refused, rate limits per relay until it is back",
+                "state store unreachable ({}): API keys from the local copy, op tokens refused, rate limits per relay until it is back",
                 why.escape_debug()
             );
         }
@@ -138,6 +141,100 @@ impl Redis {
             mean_rtt_us: self.rtt_us_total.load(Ordering::Relaxed) / round_trips.max(1),
         }
     }
+}
+
+/// The fleet's keys: a hash of id → record JSON (hashed secret only) and a version
+/// counter bumped with every change, in one transaction.
+const KEYS_HASH: &str = "modelrelay:keys";
+const KEYS_VERSION: &str = "modelrelay:keys:version";
+/// How often each relay looks at the keys' version.
+pub const KEY_POLL: Duration = Duration::from_millis(250);
+
+pub struct SharedKeys {
+    redis: Arc<Redis>,
+}
+
+impl SharedKeys {
+    pub fn new(redis: Arc<Redis>) -> SharedKeys {
+        SharedKeys { redis }
+    }
+}
+
+impl super::KeyMirror for SharedKeys {
+    fn publish(&self, record: &KeyRecord) -> Result<(), String> {
+        let json = serde_json::to_string(record).map_err(|e| e.to_string())?;
+        self.redis
+            .call(|c| {
+                redis::pipe()
+                    .atomic()
+                    .hset(KEYS_HASH, &record.id, &json)
+                    .incr(KEYS_VERSION, 1)
+                    .query::<()>(c)
+            })
+            .map_err(|e| format!("shared state store unreachable, key not changed: {e}"))
+    }
+}
+
+/// The key-sync thread: first offers this relay's own keys to the store (those it does
+/// not know yet: a relay that had keys before `STATE_URL` keeps them), then mirrors the
+/// store's list whenever its version changes. While the store is unreachable the local
+/// copy stays as it was and keeps authenticating.
+pub fn follow_keys(redis: &Redis, ctx: &crate::server::Ctx) {
+    let Some(keys) = &ctx.keys else { return };
+    let mut offered = false;
+    let mut seen: Option<u64> = None;
+    while !ctx.shared.is_shutting_down() {
+        if !offered {
+            offered = offer(redis, &keys.records()).is_ok();
+        }
+        if offered {
+            if let Ok(Some((version, records))) = fetch(redis, seen) {
+                match keys.replace(records) {
+                    Ok(()) => seen = Some(version),
+                    Err(e) => log::error!("cannot keep the local copy of the shared keys: {e}"),
+                }
+            }
+        }
+        std::thread::sleep(KEY_POLL);
+    }
+}
+
+fn offer(redis: &Redis, records: &[KeyRecord]) -> Result<(), String> {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for r in records {
+        let json = serde_json::to_string(r).map_err(|e| e.to_string())?;
+        pipe.hset_nx(KEYS_HASH, &r.id, json).ignore();
+    }
+    pipe.incr(KEYS_VERSION, 1).ignore();
+    redis.call(|c| pipe.query::<()>(c))
+}
+
+/// The store's keys when their version is not `seen`.
+fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Option<(u64, Vec<KeyRecord>)>, String> {
+    let version: Option<u64> = redis.call(|c| redis::cmd("GET").arg(KEYS_VERSION).query(c))?;
+    let version = version.unwrap_or(0);
+    if seen == Some(version) {
+        return Ok(None);
+    }
+    let all: std::collections::HashMap<String, String> =
+        redis.call(|c| redis::cmd("HGETALL").arg(KEYS_HASH).query(c))?;
+    let records = all
+        .into_iter()
+        .filter_map(
+            |(id, json)| match serde_json::from_str::<KeyRecord>(&json) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    log::warn!(
+                        "shared key {} does not parse, skipped: {e}",
+                        id.escape_debug()
+                    );
+                    None
+                }
+            },
+        )
+        .collect();
+    Ok(Some((version, records)))
 }
 
 /// Op-token nonces as `SET key 1 NX PX ttl`: the first relay to set it wins, every
