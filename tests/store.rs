@@ -7,7 +7,7 @@
 mod common;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use common::procs::{tool, ServerProc};
@@ -168,6 +168,17 @@ fn token(nonce: &str, dir: &std::path::Path) -> String {
     mint::sign(&keys, &claims).expect("token")
 }
 
+/// A fresh token is accepted by `first` and then refused as replayed by `second`.
+fn spent_then_replayed(first: &ServerProc, second: &ServerProc, nonce: &str, dir: &Path) {
+    let t = token(nonce, dir);
+    let (status, code) = load(first.addr, &t);
+    assert!(
+        !code.as_str().unwrap_or("").starts_with("op_token"),
+        "the first relay accepts the token: {status} {code}"
+    );
+    assert_eq!(load(second.addr, &t), (401, json!("op_token_replayed")));
+}
+
 fn store_health(s: &ServerProc) -> Value {
     s.health()["state_store"].clone()
 }
@@ -185,13 +196,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     assert_eq!(admitted_of_100(&a, &b, "teama"), 60);
 
     // Op tokens: spent on A, refused on B.
-    let t = token("nonce-store-0001", &dir);
-    let (status, code) = load(a.addr, &t);
-    assert!(
-        !code.as_str().unwrap_or("").starts_with("op_token"),
-        "A accepts the token: {status} {code}"
-    );
-    assert_eq!(load(b.addr, &t), (401, json!("op_token_replayed")));
+    spent_then_replayed(&a, &b, "nonce-store-0001", &dir);
     assert_eq!(store_health(&a)["reachable"], true);
 
     // Redis gone: governed calls refused, limits fall back to each relay's own.
@@ -206,6 +211,12 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     );
     assert_eq!(store_health(&a)["reachable"], false);
     a.proc.wait_line("state store unreachable");
+    let metrics = request(a.addr, "GET", "/metrics", None, &[]).text();
+    assert!(
+        metrics.contains("\nmodelrelay_state_store_up 0\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("\nmodelrelay_state_store_round_trip_seconds_count "));
 
     // Back: exact again once each relay has reconnected.
     redis.restart();
@@ -218,13 +229,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
         s.proc.wait_line("state store reachable again");
     }
     assert_eq!(admitted_of_100(&a, &b, "teamb"), 60);
-    let t = token("nonce-store-0003", &dir);
-    let (_, code) = load(b.addr, &t);
-    assert!(
-        !code.as_str().unwrap_or("").starts_with("op_token"),
-        "{code}"
-    );
-    assert_eq!(load(a.addr, &t), (401, json!("op_token_replayed")));
+    spent_then_replayed(&b, &a, "nonce-store-0003", &dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

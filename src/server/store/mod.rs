@@ -53,6 +53,42 @@ pub struct Status {
     pub errors: u64,
     /// Mean round-trip time in microseconds.
     pub mean_rtt_us: u64,
+    /// Sum of the round-trip times, in microseconds.
+    #[serde(skip)]
+    pub rtt_us_total: u64,
+}
+
+impl Status {
+    /// The store's families for `/metrics` (only written when a shared store is set).
+    pub fn render_metrics(&self, e: &mut crate::server::metrics::Exposition) {
+        e.family(
+            "modelrelay_state_store_up",
+            "gauge",
+            "Whether the shared state store answered the last call (0: this relay is in fallback).",
+        );
+        e.sample("modelrelay_state_store_up", &[], u8::from(self.reachable));
+        e.family(
+            "modelrelay_state_store_errors_total",
+            "counter",
+            "Calls to the shared state store that failed or timed out.",
+        );
+        e.sample("modelrelay_state_store_errors_total", &[], self.errors);
+        e.family(
+            "modelrelay_state_store_round_trip_seconds",
+            "summary",
+            "Round trips to the shared state store that succeeded, and their total time.",
+        );
+        e.sample(
+            "modelrelay_state_store_round_trip_seconds_sum",
+            &[],
+            self.rtt_us_total as f64 / 1e6,
+        );
+        e.sample(
+            "modelrelay_state_store_round_trip_seconds_count",
+            &[],
+            self.round_trips,
+        );
+    }
 }
 
 /// The configured store: where to open each concern's backend.

@@ -133,12 +133,14 @@ impl Redis {
 
     pub fn status(&self) -> Status {
         let round_trips = self.round_trips.load(Ordering::Relaxed);
+        let rtt_us_total = self.rtt_us_total.load(Ordering::Relaxed);
         Status {
             kind: "redis",
             reachable: self.reachable.load(Ordering::Relaxed),
             round_trips,
             errors: self.errors.load(Ordering::Relaxed),
-            mean_rtt_us: self.rtt_us_total.load(Ordering::Relaxed) / round_trips.max(1),
+            mean_rtt_us: rtt_us_total / round_trips.max(1),
+            rtt_us_total,
         }
     }
 }
