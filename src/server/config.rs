@@ -130,6 +130,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "directory for the API keys (keys.json), the usage journal (usage.journal), used op-token nonces (op-nonces) and sleeping boxes (sleepers.json)",
     },
     Opt {
+        flag: "state-url",
+        env: "STATE_URL",
+        default: None,
+        help: "redis://[user:pass@]host:port/db: share API keys, rate limits and op-token nonces with the other relays through Redis or Valkey (needs the redis-store build)",
+    },
+    Opt {
         flag: "usage-retention-days",
         env: "USAGE_RETENTION_DAYS",
         default: Some("400"),
@@ -307,6 +313,8 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
     pub require_api_keys: bool,
     pub state_dir: std::path::PathBuf,
+    /// Shared state store (`STATE_URL`); none: everything stays in this relay.
+    pub state_url: Option<String>,
     /// Days of usage buckets kept (`USAGE_RETENTION_DAYS`, 0 = forever).
     pub usage_retention_days: u32,
     /// Certificate chain and key files, when the server terminates TLS itself.
@@ -405,6 +413,7 @@ impl ServerConfig {
             admin_token: s.get("admin-token").map(str::to_string),
             require_api_keys: s.flag_bool("require-api-keys")?,
             state_dir: s.string("state-dir", "/var/lib/modelrelay").into(),
+            state_url: s.get("state-url").map(str::to_string),
             usage_retention_days: s.number("usage-retention-days", 400)?,
             tls: tls_files(s)?,
             tenancy: Policy::from_env(

@@ -88,6 +88,9 @@ pub struct KeyStore {
     keys: RwLock<Vec<KeyRecord>>,
     /// sha256 → index into `keys`.
     by_hash: RwLock<HashMap<String, usize>>,
+    /// Where changes are published for the other relays (`STATE_URL`); a change that
+    /// cannot be published is refused, so no relay keeps a key the others do not know.
+    mirror: Option<Box<dyn crate::server::store::KeyMirror>>,
 }
 
 fn now_unix() -> u64 {
@@ -134,7 +137,56 @@ impl KeyStore {
             dir: dir.to_path_buf(),
             keys: RwLock::new(keys),
             by_hash: RwLock::new(by_hash),
+            mirror: None,
         })
+    }
+
+    /// Publishes every later change through `mirror`.
+    pub fn with_mirror(mut self, mirror: Option<Box<dyn crate::server::store::KeyMirror>>) -> Self {
+        self.mirror = mirror;
+        self
+    }
+
+    fn publish(&self, record: &KeyRecord) -> Result<(), String> {
+        match &self.mirror {
+            Some(m) => m.publish(record),
+            None => Ok(()),
+        }
+    }
+
+    /// Every record, as kept (hashed secrets only); for the shared store.
+    pub fn records(&self) -> Vec<KeyRecord> {
+        self.keys.read().clone()
+    }
+
+    /// Replaces the list with `records` (the shared store's), keeping this relay's
+    /// `last_used`, and saves it as the local copy used while the store is unreachable.
+    pub fn replace(&self, mut records: Vec<KeyRecord>) -> Result<(), String> {
+        records.sort_by(|a, b| (a.created_unix, &a.id).cmp(&(b.created_unix, &b.id)));
+        let mut keys = self.keys.write();
+        for r in &mut records {
+            if let Some(old) = keys.iter().find(|k| k.id == r.id) {
+                r.last_used_unix = r.last_used_unix.max(old.last_used_unix);
+            }
+        }
+        let same = keys.len() == records.len()
+            && keys.iter().zip(&records).all(|(a, b)| {
+                (a.id == b.id)
+                    && a.revoked == b.revoked
+                    && a.sha256 == b.sha256
+                    && a.grant == b.grant
+            });
+        if same {
+            return Ok(());
+        }
+        self.persist(&records)?;
+        *self.by_hash.write() = records
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.sha256.clone(), i))
+            .collect();
+        *keys = records;
+        Ok(())
     }
 
     /// Creates a key; returns its record and the secret (shown once).
@@ -152,6 +204,7 @@ impl KeyStore {
         let mut keys = self.keys.write();
         let mut next = keys.clone();
         next.push(record.clone());
+        self.publish(&record)?;
         self.persist(&next)?;
         self.by_hash
             .write()
@@ -183,6 +236,7 @@ impl KeyStore {
         };
         let mut next = keys.clone();
         next[pos].revoked = true;
+        self.publish(&next[pos])?;
         self.persist(&next)?;
         *keys = next;
         Ok(true)

@@ -43,6 +43,7 @@ pub mod relay;
 pub mod reply;
 pub mod shared;
 pub mod status;
+pub mod store;
 pub mod tenancy;
 pub mod usage;
 pub mod worker_socket;
@@ -78,6 +79,8 @@ pub struct Ctx {
     pub keys: Option<keys::KeyStore>,
     /// Token usage: the journal and the live usage stream.
     pub usage: usage::Ledger,
+    /// Where shared state lives (this relay alone, or Redis with `STATE_URL`).
+    pub store: store::Store,
     /// Who may load, unload and flush models.
     pub governance: lifecycle::governance::Governance,
     /// The web dashboard's sessions, live feed and download checksums.
@@ -143,15 +146,17 @@ impl ShutdownHandle {
 pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     // Keys and usage are kept on disk once someone can manage or read them.
     let persist = cfg.require_api_keys || cfg.admin_token.is_some();
+    let store = store::Store::open(&cfg.state_dir, cfg.state_url.as_deref())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let keys = if persist {
-        let store = keys::KeyStore::open(&cfg.state_dir)
+        let keys = keys::KeyStore::open(&cfg.state_dir)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        Some(store)
+        Some(keys.with_mirror(store.key_mirror()))
     } else {
         None
     };
     let governance =
-        lifecycle::governance::Governance::open(&cfg.governance, &cfg.state_dir, usage::unix_now())
+        lifecycle::governance::Governance::with_store(&cfg.governance, &store, usage::unix_now())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     let usage = usage::Ledger::open(&cfg.state_dir, persist, cfg.usage_retention_days)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
@@ -179,7 +184,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
-        gate: tenancy::gate::Gate::new(cfg.tenancy.clone()),
+        gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store),
+        store,
         keys,
         usage,
         governance,
@@ -197,6 +203,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         inputs,
         shared,
     });
+    ctx.store.follow_keys(&ctx)?;
     {
         let (hub, inputs) = (ctx.usage.hub.clone(), ctx.inputs.clone());
         let (journal, shared) = (ctx.usage.shared_journal(), ctx.shared.clone());

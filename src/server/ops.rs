@@ -47,6 +47,9 @@ pub fn metrics(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
     );
     let mut usage = Exposition::new();
     ctx.usage.render_metrics(&mut usage);
+    if ctx.store.is_shared() {
+        ctx.store.status().render_metrics(&mut usage);
+    }
     text.push_str(&usage.out);
     conn.write_full(
         200,

@@ -37,5 +37,9 @@ pub fn health(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         "relays": g.relays,
         "uptime_secs": ctx.shared.started.elapsed().as_secs_f64(),
     });
+    let mut body = body;
+    if ctx.store.is_shared() {
+        body["state_store"] = serde_json::json!(ctx.store.status());
+    }
     conn.write_json(code, &body, req.keep_alive)
 }

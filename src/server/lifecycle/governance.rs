@@ -223,7 +223,7 @@ pub struct Governance {
     cfg: Config,
     /// Loaded when `VERIFIED_OP_TOKEN_KEY_PATH` is set, with the replay store.
     #[cfg(feature = "governance")]
-    tokens: Option<(KeySet, NonceStore)>,
+    tokens: Option<(KeySet, Box<dyn crate::server::store::Nonces>)>,
 }
 
 impl Governance {
@@ -240,6 +240,30 @@ impl Governance {
     /// configured). Errors are configuration problems, for start-up.
     #[cfg(feature = "governance")]
     pub fn open(cfg: &Config, state_dir: &Path, now_unix: u64) -> Result<Governance, String> {
+        Governance::with_store(
+            cfg,
+            &crate::server::store::Store::local(state_dir),
+            now_unix,
+        )
+    }
+
+    /// Without the `governance` feature there are no nonces to keep: as `open`.
+    #[cfg(not(feature = "governance"))]
+    pub fn with_store(
+        cfg: &Config,
+        _store: &crate::server::store::Store,
+        now_unix: u64,
+    ) -> Result<Governance, String> {
+        Governance::open(cfg, Path::new(""), now_unix)
+    }
+
+    /// As [`Governance::open`], with the replay store where `store` keeps nonces.
+    #[cfg(feature = "governance")]
+    pub fn with_store(
+        cfg: &Config,
+        store: &crate::server::store::Store,
+        now_unix: u64,
+    ) -> Result<Governance, String> {
         let Some(path) = &cfg.key_path else {
             return Ok(Governance {
                 cfg: cfg.clone(),
@@ -248,7 +272,7 @@ impl Governance {
         };
         let keys = KeySet::load(path)?;
         check_keys(cfg, &keys)?;
-        let nonces = NonceStore::open(state_dir, now_unix)?;
+        let nonces = store.nonces(now_unix)?;
         log::info!(
             "lifecycle governance: op tokens verified with {}; {} valid signer(s) needed; admin token {}",
             describe(&keys),

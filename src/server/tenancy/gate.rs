@@ -6,9 +6,10 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::identity::Caller;
-use super::limits::{Decision, RateLimiter};
+use super::limits::Decision;
 use super::policy::Policy;
 use crate::server::errors::ApiError;
+use crate::server::store::{Limits, Store};
 
 /// Tenants whose limiter state is kept; idle ones are dropped first (see `limits.rs`).
 pub const TRACKED_TENANTS: usize = 10_000;
@@ -40,16 +41,22 @@ impl RateHeaders {
 /// Per-tenant request and token limiters under one policy.
 pub struct Gate {
     policy: Policy,
-    requests: RateLimiter,
-    tokens: RateLimiter,
+    requests: Box<dyn Limits>,
+    tokens: Box<dyn Limits>,
 }
 
 impl Gate {
+    /// A gate whose limiters live in this relay.
     pub fn new(policy: Policy) -> Gate {
+        Gate::with_store(policy, &Store::local(std::path::Path::new("")))
+    }
+
+    /// A gate whose buckets live where `store` keeps limits.
+    pub fn with_store(policy: Policy, store: &Store) -> Gate {
         Gate {
             policy,
-            requests: RateLimiter::new(TRACKED_TENANTS),
-            tokens: RateLimiter::new(TRACKED_TENANTS),
+            requests: store.limits("requests", TRACKED_TENANTS),
+            tokens: store.limits("tokens", TRACKED_TENANTS),
         }
     }
 

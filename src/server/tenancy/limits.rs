@@ -173,6 +173,13 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// The decision for a bucket at `level` (backlog in nanoseconds × amount) under
+    /// `rate`; for a limiter that keeps its buckets elsewhere (the shared store).
+    pub fn from_level(rate: Rate, level: u128, allowed: bool) -> Decision {
+        let s = Scale::of(rate);
+        s.decision(level.min(s.ceiling()), allowed)
+    }
+
     /// `Retry-After` in whole seconds, rounded up; at least 1 when refused.
     pub fn retry_after_secs(&self) -> u64 {
         let secs = self.retry_after.as_nanos().div_ceil(1_000_000_000);

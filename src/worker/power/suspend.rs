@@ -168,7 +168,11 @@ fn ask_and_suspend(shared: &Shared, idle: Duration) -> bool {
         return false;
     }
     while sleep.answers.1.try_recv().is_ok() {}
-    let whom = if links.len() == 1 { "the relay" } else { "every relay" };
+    let whom = if links.len() == 1 {
+        "the relay"
+    } else {
+        "every relay"
+    };
     info!("idle for {}s: asking {whom} to sleep", idle.as_secs());
     for link in &links {
         link.out.send(&WorkerMessage::SleepRequest {});

@@ -1,0 +1,207 @@
+//! Where state that several relays must agree on lives: op-token nonces and rate-limit
+//! buckets (one trait per concern). Without `STATE_URL` every relay keeps its own
+//! ([`local`]: today's files and memory); with it (`redis-store` build) they share one
+//! Redis or Valkey ([`redis`]). Callers hold a `Box<dyn …>` and never know which.
+//!
+//! A shared store that is unreachable degrades per concern, never silently: nonces are
+//! refused (a token must never be accepted twice), rate limits fall back to this relay's
+//! own limiter (logged once per transition).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[cfg(feature = "governance")]
+use crate::server::lifecycle::governance::replay::Remembered;
+use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
+
+mod local;
+#[cfg(feature = "redis-store")]
+pub mod redis;
+
+/// The op-token replay store: remembers a nonce once, durably.
+#[cfg(feature = "governance")]
+pub trait Nonces: Send + Sync {
+    /// Records `nonce` (of a token issued at `issued_at`) unless already seen.
+    fn remember(&self, nonce: &str, issued_at: u64, now: u64) -> Remembered;
+}
+
+/// API keys: a created or revoked key is published here for every relay; each relay
+/// keeps authenticating from its own copy ([`crate::server::keys::KeyStore`]).
+pub trait KeyMirror: Send + Sync {
+    /// Makes `record` (hashed secret only) the fleet's version of that key.
+    fn publish(&self, record: &crate::server::keys::KeyRecord) -> Result<(), String>;
+}
+
+/// Rate-limit buckets (GCRA), keyed by tenant.
+pub trait Limits: Send + Sync {
+    /// Admits one request for `key` and counts it, or refuses it without counting.
+    fn check_request(&self, key: &str, rate: Rate, now: Instant) -> Decision;
+    /// Whether `key` has at least one token left; consumes nothing.
+    fn check_tokens(&self, key: &str, rate: Rate, now: Instant) -> Decision;
+    /// Counts `tokens` used by an answer.
+    fn charge_tokens(&self, key: &str, rate: Rate, tokens: u64, now: Instant);
+    /// Keys held in this relay's memory.
+    fn tracked(&self) -> usize;
+}
+
+/// How the store is doing, for `/health` and `/metrics`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Status {
+    /// `local` or `redis`.
+    pub kind: &'static str,
+    /// Whether the shared store answered the last call (always true for `local`).
+    pub reachable: bool,
+    pub round_trips: u64,
+    pub errors: u64,
+    /// Mean round-trip time in microseconds.
+    pub mean_rtt_us: u64,
+    /// Sum of the round-trip times, in microseconds.
+    #[serde(skip)]
+    pub rtt_us_total: u64,
+}
+
+impl Status {
+    /// The store's families for `/metrics` (only written when a shared store is set).
+    pub fn render_metrics(&self, e: &mut crate::server::metrics::Exposition) {
+        e.family(
+            "modelrelay_state_store_up",
+            "gauge",
+            "Whether the shared state store answered the last call (0: this relay is in fallback).",
+        );
+        e.sample("modelrelay_state_store_up", &[], u8::from(self.reachable));
+        e.family(
+            "modelrelay_state_store_errors_total",
+            "counter",
+            "Calls to the shared state store that failed or timed out.",
+        );
+        e.sample("modelrelay_state_store_errors_total", &[], self.errors);
+        e.family(
+            "modelrelay_state_store_round_trip_seconds",
+            "summary",
+            "Round trips to the shared state store that succeeded, and their total time.",
+        );
+        e.sample(
+            "modelrelay_state_store_round_trip_seconds_sum",
+            &[],
+            self.rtt_us_total as f64 / 1e6,
+        );
+        e.sample(
+            "modelrelay_state_store_round_trip_seconds_count",
+            &[],
+            self.round_trips,
+        );
+    }
+}
+
+/// The configured store: where to open each concern's backend.
+#[derive(Clone)]
+pub struct Store {
+    /// Where the local replay store lives (only op-token governance keeps nonces).
+    #[cfg_attr(not(feature = "governance"), allow(dead_code))]
+    state_dir: PathBuf,
+    #[cfg(feature = "redis-store")]
+    shared: Option<std::sync::Arc<redis::Redis>>,
+}
+
+impl Store {
+    /// Every concern local, in `state_dir`.
+    pub fn local(state_dir: &Path) -> Store {
+        Store {
+            state_dir: state_dir.to_path_buf(),
+            #[cfg(feature = "redis-store")]
+            shared: None,
+        }
+    }
+
+    /// Local without `url`; shared through Redis with it. A URL this build cannot use is
+    /// a start-up error, not a silent fall back to per-relay state.
+    pub fn open(state_dir: &Path, url: Option<&str>) -> Result<Store, String> {
+        let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
+            return Ok(Store::local(state_dir));
+        };
+        #[cfg(feature = "redis-store")]
+        {
+            let shared = redis::Redis::open(url)?;
+            Ok(Store {
+                state_dir: state_dir.to_path_buf(),
+                shared: Some(std::sync::Arc::new(shared)),
+            })
+        }
+        #[cfg(not(feature = "redis-store"))]
+        {
+            let _ = url;
+            Err("STATE_URL is set but this build has no shared store (build with --features redis-store)".into())
+        }
+    }
+
+    /// The op-token replay store; `now` drops expired local entries.
+    #[cfg(feature = "governance")]
+    pub fn nonces(&self, now: u64) -> Result<Box<dyn Nonces>, String> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Ok(Box::new(redis::SharedNonces::new(shared.clone())));
+        }
+        Ok(Box::new(
+            crate::server::lifecycle::governance::NonceStore::open(&self.state_dir, now)?,
+        ))
+    }
+
+    /// A family of rate-limit buckets (`name`: `requests`, `tokens`) tracking at most
+    /// `capacity` tenants locally.
+    pub fn limits(&self, name: &str, capacity: usize) -> Box<dyn Limits> {
+        let local = RateLimiter::new(capacity);
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Box::new(redis::SharedLimits::new(shared.clone(), name, local));
+        }
+        let _ = name;
+        Box::new(local)
+    }
+
+    /// Where key changes are published; none when every relay keeps its own keys.
+    pub fn key_mirror(&self) -> Option<Box<dyn KeyMirror>> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Some(Box::new(redis::SharedKeys::new(shared.clone())));
+        }
+        None
+    }
+
+    /// Keeps the relay's keys equal to the shared store's list, on a thread of its own
+    /// that polls the list's version (a change shows on every relay within a second);
+    /// nothing to do without a shared store or without keys.
+    pub fn follow_keys(&self, ctx: &std::sync::Arc<crate::server::Ctx>) -> std::io::Result<()> {
+        #[cfg(feature = "redis-store")]
+        if let (Some(shared), Some(_)) = (&self.shared, &ctx.keys) {
+            let (shared, ctx) = (shared.clone(), ctx.clone());
+            std::thread::Builder::new()
+                .name("key-sync".into())
+                .stack_size(crate::server::THREAD_STACK)
+                .spawn(move || redis::follow_keys(&shared, &ctx))?;
+        }
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// The store's health and counters.
+    pub fn status(&self) -> Status {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return shared.status();
+        }
+        Status {
+            kind: "local",
+            reachable: true,
+            ..Status::default()
+        }
+    }
+
+    /// Whether a shared store is configured.
+    pub fn is_shared(&self) -> bool {
+        #[cfg(feature = "redis-store")]
+        if self.shared.is_some() {
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,336 @@
+//! Two relays (the real server binary twice) sharing one real `redis-server`
+//! (`STATE_URL`): rate limits exact across relays, an op token spent on one refused on
+//! the other, and what each relay does while Redis is gone and after it is back.
+//! Skipped with a message when `redis-server` is not installed, except under CI.
+#![cfg(all(feature = "redis-store", feature = "governance"))]
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::procs::{tool, ServerProc};
+use common::{request, wait_until, FakeWorker, Seen};
+use modelrelay::protocol::ServerMessage;
+use modelrelay::server::lifecycle::governance::keys::KeySet;
+use modelrelay::server::lifecycle::governance::mint;
+use modelrelay::server::lifecycle::governance::token::OpToken;
+use serde_json::{json, Value};
+
+/// A `redis-server` on a loopback port, with no persistence; killed on drop.
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let mut r = Redis { port, child: None };
+        r.restart();
+        r
+    }
+
+    /// Starts it (again) on the same port and waits until it answers.
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        wait_until("redis-server to listen", || {
+            (TcpStream::connect(addr).is_ok(), String::new())
+        });
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+const KEY: &str = "a-shared-governance-key-of-at-least-32-bytes";
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mr-store-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// Two relays on `redis`, governed by op tokens, with `teama` limited to 60/min.
+fn relays(redis: &Redis, dir: &std::path::Path) -> (ServerProc, ServerProc) {
+    let key = dir.join("op.key");
+    std::fs::write(&key, KEY).expect("key");
+    let key = key.to_string_lossy().into_owned();
+    let url = redis.url();
+    let start = |name: &str| {
+        let state = dir.join(name).to_string_lossy().into_owned();
+        ServerProc::start(&[
+            ("STATE_URL", &url),
+            ("STATE_DIR", &state),
+            ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
+            ("TENANT_RATE_LIMIT_teama", "60req/min"),
+            ("TENANT_RATE_LIMIT_teamb", "60req/min"),
+            // Limited, so that its requests reach the store (and reconnect to it).
+            ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
+        ])
+    };
+    let (a, b) = (start("a"), start("b"));
+    answer_all(a.addr);
+    answer_all(b.addr);
+    a.wait_workers(1);
+    b.wait_workers(1);
+    (a, b)
+}
+
+/// A worker on `relay` that answers every request at once, until the relay is gone.
+fn answer_all(relay: SocketAddr) {
+    let worker = FakeWorker::connect(relay, &["m"], 8);
+    std::thread::spawn(move || loop {
+        match worker.next_seen(std::time::Duration::from_secs(120)) {
+            Some(Seen::Msg(ServerMessage::Request(r))) => worker.complete(&r.request_id, 200, "{}"),
+            Some(Seen::Msg(_)) => {}
+            Some(Seen::Closed(_)) | None => return,
+        }
+    });
+}
+
+/// One chat request as `tenant`: 200 when admitted, 429 when refused.
+fn chat_status(addr: SocketAddr, tenant: &str) -> u16 {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+        &[("x-tenant-id", tenant)],
+    )
+    .status
+}
+
+/// Of 100 requests alternating between `a` and `b`, how many were admitted.
+fn admitted_of_100(a: &ServerProc, b: &ServerProc, tenant: &str) -> usize {
+    (0..100)
+        .filter(|i| {
+            let addr = if i % 2 == 0 { a.addr } else { b.addr };
+            chat_status(addr, tenant) != 429
+        })
+        .count()
+}
+
+fn load(addr: SocketAddr, token: &str) -> (u16, Value) {
+    let body = json!({"modelId": "m", "verifiedOpToken": token});
+    let r = request(
+        addr,
+        "POST",
+        "/v1/models/load",
+        Some(&body.to_string()),
+        &[],
+    );
+    let code = r.json()["error"]["code"].clone();
+    (r.status, code)
+}
+
+fn token(nonce: &str, dir: &std::path::Path) -> String {
+    let keys = KeySet::load(&dir.join("op.key")).expect("keys");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let claims = OpToken {
+        operation: "model-load".into(),
+        model_id: "m".into(),
+        issued_at: now,
+        signers: vec!["ops".into()],
+        nonce: nonce.into(),
+    };
+    mint::sign(&keys, &claims).expect("token")
+}
+
+/// A fresh token is accepted by `first` and then refused as replayed by `second`.
+fn spent_then_replayed(first: &ServerProc, second: &ServerProc, nonce: &str, dir: &Path) {
+    let t = token(nonce, dir);
+    let (status, code) = load(first.addr, &t);
+    assert!(
+        !code.as_str().unwrap_or("").starts_with("op_token"),
+        "the first relay accepts the token: {status} {code}"
+    );
+    assert_eq!(load(second.addr, &t), (401, json!("op_token_replayed")));
+}
+
+fn store_health(s: &ServerProc) -> Value {
+    s.health()["state_store"].clone()
+}
+
+#[test]
+fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("two");
+    let mut redis = Redis::start();
+    let (a, b) = relays(&redis, &dir);
+
+    // Limits: one bucket for both relays.
+    assert_eq!(admitted_of_100(&a, &b, "teama"), 60);
+
+    // Op tokens: spent on A, refused on B.
+    spent_then_replayed(&a, &b, "nonce-store-0001", &dir);
+    assert_eq!(store_health(&a)["reachable"], true);
+
+    // Redis gone: governed calls refused, limits fall back to each relay's own.
+    redis.stop();
+    let (status, code) = load(b.addr, &token("nonce-store-0002", &dir));
+    assert_eq!(status, 503, "no replay store, no governed call: {code}");
+    assert_eq!(store_health(&b)["reachable"], false);
+    assert_ne!(
+        chat_status(a.addr, "teamb"),
+        429,
+        "admitted by A's own limiter"
+    );
+    assert_eq!(store_health(&a)["reachable"], false);
+    a.proc.wait_line("state store unreachable");
+    let metrics = request(a.addr, "GET", "/metrics", None, &[]).text();
+    assert!(
+        metrics.contains("\nmodelrelay_state_store_up 0\n"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("\nmodelrelay_state_store_round_trip_seconds_count "));
+
+    // Back: exact again once each relay has reconnected.
+    redis.restart();
+    for s in [&a, &b] {
+        wait_until("the relay to reach the store again", || {
+            let _ = chat_status(s.addr, "probe");
+            let h = store_health(s);
+            (h["reachable"] == true, h.to_string())
+        });
+        s.proc.wait_line("state store reachable again");
+    }
+    assert_eq!(admitted_of_100(&a, &b, "teamb"), 60);
+    spent_then_replayed(&b, &a, "nonce-store-0003", &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const ADMIN: &str = "store-admin-token";
+
+fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> common::Response {
+    let auth = format!("Bearer {ADMIN}");
+    let body = body.map(|b| b.to_string());
+    request(
+        addr,
+        method,
+        path,
+        body.as_deref(),
+        &[("authorization", &auth)],
+    )
+}
+
+/// `GET /v1/models` with a client key: 200 when the relay knows it, 401 when not.
+fn models_with(addr: SocketAddr, secret: &str) -> u16 {
+    let auth = format!("Bearer {secret}");
+    request(addr, "GET", "/v1/models", None, &[("authorization", &auth)]).status
+}
+
+/// Waits until `relay` lists key `id` with `revoked`.
+fn wait_for_key(relay: &ServerProc, id: &str, revoked: bool) {
+    wait_until("the relay to follow the shared keys", || {
+        let listed = admin(relay.addr, "GET", "/admin/keys", None).json();
+        let found = listed["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|k| k["id"] == id && k["revoked"] == revoked);
+        (found, listed.to_string())
+    });
+}
+
+#[test]
+fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("keys");
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let start = |name: &str| {
+        let state = dir.join(name).to_string_lossy().into_owned();
+        ServerProc::start(&[
+            ("STATE_URL", &url),
+            ("STATE_DIR", &state),
+            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
+            ("MODELRELAY_REQUIRE_API_KEYS", "true"),
+        ])
+    };
+    let (a, b) = (start("a"), start("b"));
+
+    let created = admin(a.addr, "POST", "/admin/keys", Some(json!({"name": "ci"})));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let created = created.json();
+    let (id, secret) = (
+        created["id"].as_str().unwrap(),
+        created["key"].as_str().unwrap(),
+    );
+    // Waits on the admin list (probing with the secret would trip the relay's limit on
+    // failed authentications).
+    wait_for_key(&b, id, false);
+    assert_eq!(models_with(b.addr, secret), 200);
+    // Hashed at rest: the secret is nowhere in Redis's copy (checked through B's file).
+    let file = std::fs::read_to_string(dir.join("b").join("keys.json")).expect("local copy");
+    assert!(!file.contains(secret) && file.contains(id));
+
+    // Revoked on B: A refuses it once it has followed.
+    let revoked_at = std::time::Instant::now();
+    assert_eq!(
+        admin(b.addr, "DELETE", &format!("/admin/keys/{id}"), None).status,
+        200
+    );
+    wait_for_key(&a, id, true);
+    assert_eq!(models_with(a.addr, secret), 401);
+    eprintln!(
+        "revocation reached the other relay in {:?}",
+        revoked_at.elapsed()
+    );
+
+    // Redis gone: keys keep authenticating from each relay's copy; changes are refused.
+    let second = admin(a.addr, "POST", "/admin/keys", Some(json!({"name": "two"}))).json();
+    let secret2 = second["key"].as_str().unwrap().to_string();
+    wait_for_key(&b, second["id"].as_str().unwrap(), false);
+    redis.stop();
+    wait_until("B to notice the store is gone", || {
+        let h = store_health(&b);
+        (h["reachable"] == false, h.to_string())
+    });
+    assert_eq!(models_with(a.addr, &secret2), 200);
+    assert_eq!(models_with(b.addr, &secret2), 200);
+    assert_eq!(models_with(b.addr, secret), 401);
+    let refused = admin(
+        a.addr,
+        "POST",
+        "/admin/keys",
+        Some(json!({"name": "three"})),
+    );
+    assert_eq!(refused.status, 500, "{}", refused.text());
+    let _ = std::fs::remove_dir_all(&dir);
+}
