@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::debug;
 
-use super::body::{cache_reuse, inspect_body, BodyInfo, FORWARDED_HEADERS};
+use super::body::{inspect_body, BodyInfo, FORWARDED_HEADERS};
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
 use super::errors::{ApiError, Style};
@@ -30,7 +30,7 @@ use super::reply::{error_response, reject_caller};
 use super::tenancy::gate::RateHeaders;
 use super::tenancy::identity::Caller;
 use super::Ctx;
-use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete};
+use crate::protocol::{HeaderMap, RequestMessage};
 use boundary::{EventBoundary, Format};
 use bounds::{fits_one_message, is_timeout, MAX_ANSWER_BUFFER, SLOW_WRITE};
 pub use record::{record, Record};
@@ -39,6 +39,7 @@ pub(crate) mod boundary;
 mod bounds;
 mod held;
 mod record;
+mod whole;
 
 /// How often a waiting connection checks whether its client is still there.
 pub const HANGUP_CHECK: Duration = Duration::from_millis(200);
@@ -549,98 +550,5 @@ impl Session<'_, '_> {
                 | ClientEvent::Head(_),
             ) => {}
         }
-    }
-
-    /// A whole answer for a reshaping route: a stream that arrived in one piece goes
-    /// through the stream path; anything else is rewritten whole.
-    fn push_reshaped(&mut self, buf: &mut Vec<u8>, rc: ResponseComplete) {
-        let body = rc.body.as_deref().unwrap_or("");
-        let streamed = rc.status_code == 200
-            && rc
-                .headers
-                .iter()
-                .any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.contains("event-stream"));
-        if streamed {
-            self.push_chunk(buf, body);
-            let framing = self.open_stream(buf);
-            self.note_tokens(&rc);
-            let tail = self.reshape.as_mut().map(|r| r.end("")).unwrap_or_default();
-            self.push_stream_end(buf, framing, &tail);
-            return;
-        }
-        let elapsed = self.started.elapsed();
-        let Some(r) = &mut self.reshape else {
-            return;
-        };
-        let (status, text) = r.whole(rc.status_code, body, elapsed);
-        self.note_tokens(&rc);
-        self.status = status;
-        let relay = self.relay_headers();
-        let mut headers = vec![("content-type", "application/json")];
-        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
-        buf.extend_from_slice(&response::head(
-            status,
-            &headers,
-            Framing::Length(text.len()),
-            self.keep_alive,
-        ));
-        buf.extend_from_slice(text.as_bytes());
-    }
-
-    /// Takes the token counts of a finished answer and charges the tenant's budget.
-    fn note_tokens(&mut self, rc: &ResponseComplete) {
-        let reported = rc.token_counts.as_ref().map(|t| {
-            (
-                t.prompt_tokens.unwrap_or(0),
-                t.completion_tokens.unwrap_or(0),
-            )
-        });
-        let seen = self.reshape.as_ref().map(|r| r.tokens());
-        if let Some(tokens) = reported.or(seen).filter(|t| *t != (0, 0)) {
-            self.tokens = tokens;
-            let used = self.tokens.0.saturating_add(self.tokens.1);
-            self.ctx
-                .gate
-                .charge(&self.caller.who.tenant, used, Instant::now());
-        }
-    }
-
-    /// A complete answer that was not streamed: the worker's status, headers and body.
-    fn push_whole(&mut self, buf: &mut Vec<u8>, rc: ResponseComplete) {
-        self.note_tokens(&rc);
-        let status = if (100..=599).contains(&rc.status_code) {
-            rc.status_code
-        } else {
-            502
-        };
-        self.status = status;
-        let relay = self.relay_headers();
-        let mut headers: Vec<(&str, &str)> = rc
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .collect();
-        if !rc
-            .headers
-            .keys()
-            .any(|k| k.eq_ignore_ascii_case("content-type"))
-        {
-            headers.push(("content-type", "application/json"));
-        }
-        let body_text = rc.body.as_deref().unwrap_or("");
-        let reused = cache_reuse(body_text);
-        let hit = if reused > 0 { "true" } else { "false" };
-        let reused = reused.to_string();
-        headers.push(("x-cache-hit", hit));
-        headers.push(("x-cache-tokens-reused", reused.as_str()));
-        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
-        let body = body_text.as_bytes();
-        buf.extend_from_slice(&response::head(
-            status,
-            &headers,
-            Framing::Length(body.len()),
-            self.keep_alive,
-        ));
-        buf.extend_from_slice(body);
     }
 }

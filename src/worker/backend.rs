@@ -7,6 +7,7 @@
 //!
 //! Streaming bodies are forwarded piece by piece as they are read; a multi-byte UTF-8
 //! character split across reads is carried over to the next piece ([`Utf8Carry`]).
+//! What a failed call means (backend down, retry, fail over) is decided in [`failure`].
 
 use std::io::Read;
 use std::time::Duration;
@@ -19,6 +20,10 @@ pub use super::stream_usage::{
 };
 use super::trim::{self, TRIM_REQUEST_HEADER};
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage};
+
+mod failure;
+pub use failure::is_connection_failure;
+use failure::{is_stale_connection, unavailable};
 
 /// Response headers not worth sending to the server (framing is redone there).
 const SKIPPED_HEADERS: &[&str] = &[
@@ -468,66 +473,6 @@ impl Backend {
         }
         emit(WorkerMessage::ResponseComplete(done));
         Outcome::Completed
-    }
-}
-
-/// Reads a 502/503/504 answer whole (at most `max` bytes), so the client can get it as
-/// the backend sent it.
-fn unavailable(
-    status: u16,
-    headers: HeaderMap,
-    reader: impl Read,
-    max: usize,
-    handle: &Handle,
-) -> Outcome {
-    let mut bytes = Vec::new();
-    let read = reader.take(max as u64 + 1).read_to_end(&mut bytes);
-    if read.is_err() && handle.is_cancelled() {
-        return Outcome::Cancelled;
-    }
-    let body =
-        (read.is_ok() && bytes.len() <= max).then(|| String::from_utf8_lossy(&bytes).into_owned());
-    Outcome::Unavailable {
-        status,
-        headers,
-        body,
-    }
-}
-
-/// Errors that mean no answer came from the backend at all: it refused, reset or
-/// never completed the connection, or closed it before a response head. Only these
-/// mark the backend down; an HTTP answer of any status proves it is up.
-pub fn is_connection_failure(e: &ureq::Error) -> bool {
-    use std::io::ErrorKind::*;
-    match e {
-        ureq::Error::Io(io) => matches!(
-            io.kind(),
-            ConnectionRefused
-                | ConnectionReset
-                | ConnectionAborted
-                | BrokenPipe
-                | UnexpectedEof
-                | NotConnected
-                | TimedOut
-                | HostUnreachable
-                | NetworkUnreachable
-                | AddrNotAvailable
-        ),
-        ureq::Error::Timeout(ureq::Timeout::Connect | ureq::Timeout::Resolve) => true,
-        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
-        _ => false,
-    }
-}
-
-fn is_stale_connection(e: &ureq::Error) -> bool {
-    use std::io::ErrorKind::*;
-    match e {
-        ureq::Error::Io(io) => matches!(
-            io.kind(),
-            ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
-        ),
-        ureq::Error::Protocol(_) => true,
-        _ => false,
     }
 }
 
