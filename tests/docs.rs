@@ -142,6 +142,7 @@ fn no_internal_issue_numbers_in_user_facing_text() {
             "Makefile",
             "src/cli.rs",
             "src/server/config.rs",
+            "src/server/config/options.rs",
             "src/worker/config.rs",
         ]
         .map(std::path::PathBuf::from),
