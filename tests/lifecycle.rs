@@ -27,18 +27,7 @@ fn lifecycle_worker(addr: SocketAddr, name: &str, models: &[&str], loaded: &[&st
 }
 
 fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Response {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
-    let body = body.map(|b| b.to_string());
-    request(
-        addr,
-        method,
-        path,
-        body.as_deref(),
-        &[
-            ("authorization", &auth),
-            ("content-type", "application/json"),
-        ],
-    )
+    common::admin_call(addr, ADMIN_TOKEN, method, path, body)
 }
 
 /// The next `model_operation` the worker receives: (operation id, kind, model).

@@ -236,15 +236,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
 const ADMIN: &str = "store-admin-token";
 
 fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> common::Response {
-    let auth = format!("Bearer {ADMIN}");
-    let body = body.map(|b| b.to_string());
-    request(
-        addr,
-        method,
-        path,
-        body.as_deref(),
-        &[("authorization", &auth)],
-    )
+    common::admin_call(addr, ADMIN, method, path, body)
 }
 
 /// `GET /v1/models` with a client key: 200 when the relay knows it, 401 when not.

@@ -417,6 +417,28 @@ pub fn request(
     read_response(&mut stream)
 }
 
+/// An admin API call with `token` as the bearer (JSON body when given).
+pub fn admin_call(
+    addr: SocketAddr,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Response {
+    let auth = format!("Bearer {token}");
+    let body = body.map(|b| b.to_string());
+    request(
+        addr,
+        method,
+        path,
+        body.as_deref(),
+        &[
+            ("authorization", &auth),
+            ("content-type", "application/json"),
+        ],
+    )
+}
+
 pub fn post(addr: SocketAddr, path: &str, body: &str) -> Response {
     request(
         addr,

@@ -182,7 +182,7 @@ pub(super) fn dispatched(actions: &[Action]) -> Vec<(RequestId, WorkerId)> {
         .collect()
 }
 
-fn failures(actions: &[Action]) -> Vec<(RequestId, Failure)> {
+pub(super) fn failures(actions: &[Action]) -> Vec<(RequestId, Failure)> {
     actions
         .iter()
         .filter_map(|a| match a {

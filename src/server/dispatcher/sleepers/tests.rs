@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::super::tests::failures;
 use super::super::*;
 use crate::power::WakeAddress;
 use crate::protocol::power::{FEATURE_SLEEP, FEATURE_WAKE_PEERS};
@@ -112,16 +113,6 @@ fn dispatched(actions: &[Action]) -> Vec<(WorkerId, String)> {
         .iter()
         .filter_map(|a| match a {
             Action::ToWorker(w, ServerMessage::Request(r)) => Some((*w, r.request_id.clone())),
-            _ => None,
-        })
-        .collect()
-}
-
-fn failures(actions: &[Action]) -> Vec<(RequestId, Failure)> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::ToClient(id, ClientEvent::Failed(f)) => Some((*id, f.clone())),
             _ => None,
         })
         .collect()
