@@ -40,6 +40,8 @@ mod http_load;
 mod process;
 #[path = "support/procstat.rs"]
 mod procstat;
+#[path = "support/rows.rs"]
+mod rows;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -50,11 +52,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use fake_backend::{FakeBackend, Observed};
 use forwarder::Chain;
-use http_load::{sequential, streams, throughput, Client, Load, Samples, OPENAI_PATH};
+use http_load::{sequential, streams, throughput, Client, Samples, OPENAI_PATH};
 use modelrelay::protocol::{to_json, ResponseComplete, ServerMessage, WorkerMessage};
 use modelrelay::ws::{self, ReadHalf, Writer};
 use process::{free_addr, Process};
 use procstat::{cpu_over, rss_kb};
+use rows::{cpu_rows, row_ms, row_ms_in, row_ratio, row_rps, OLLAMA_COLUMN};
 use tungstenite::client::IntoClientRequest;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
@@ -246,13 +249,7 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration, watch: &[(&s
     for clients in [8, 64] {
         let d = throughput(direct, clients, window, &body, &[]);
         let r = throughput(relay, clients, window, &body, &pids);
-        println!(
-            "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
-            format!("requests/s, {clients} clients"),
-            d.rps,
-            r.rps,
-            100.0 * r.rps / d.rps
-        );
+        row_rps(&format!("requests/s, {clients} clients"), &d, &r);
         if clients == 64 {
             let (d, r) = (&d.latency, &r.latency);
             row_ratio("latency p50, 64 clients (ms)", d.p(50), r.p(50));
@@ -284,70 +281,6 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration, watch: &[(&s
     );
 }
 
-/// CPU per request (user + system, all threads) and context switches per request of
-/// each watched process, then their sum when there are several.
-fn cpu_rows(what: &str, load: &Load, names: &[&str]) {
-    let mut total = (0.0, 0.0);
-    for (i, name) in names.iter().enumerate() {
-        let spent = load.spent.get(i).copied().unwrap_or_default();
-        let user = 100.0 * spent.user.as_secs_f64() / spent.cpu().as_secs_f64().max(1e-9);
-        println!(
-            "{:<44} {:>12} {:>12.1} {:>12}",
-            format!("CPU/request {name}, {what} (us)"),
-            "",
-            load.cpu_us(i),
-            format!("{user:.0}% user")
-        );
-        println!(
-            "{:<44} {:>12} {:>12.1}",
-            format!("switches/request {name}, {what}"),
-            "",
-            load.switches(i)
-        );
-        total = (total.0 + load.cpu_us(i), total.1 + load.switches(i));
-    }
-    if names.len() > 1 {
-        println!(
-            "{:<44} {:>12} {:>12.1} {:>12.1}",
-            format!("CPU/request total, {what} (us, switches)"),
-            "",
-            total.0,
-            total.1
-        );
-    }
-}
-
-/// Width of the name column of the Ollama rows (the others use 44).
-const OLLAMA_COLUMN: usize = 53;
-
-fn row_ms(name: &str, direct: Duration, relay: Duration) {
-    row_ms_in(44, name, direct, relay);
-}
-
-/// A row whose last column is relay / direct (for latency under concurrency, where
-/// both sides queue on the same cores and the ratio is the figure that travels).
-fn row_ratio(name: &str, direct: Duration, relay: Duration) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{:<44} {:>12.3} {:>12.3} {:>11.1}x",
-        name,
-        ms(direct),
-        ms(relay),
-        ms(relay) / ms(direct).max(1e-6)
-    );
-}
-
-fn row_ms_in(width: usize, name: &str, direct: Duration, relay: Duration) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{:<width$} {:>12.3} {:>12.3} {:>+12.3}",
-        name,
-        ms(direct),
-        ms(relay),
-        ms(relay) - ms(direct)
-    );
-}
-
 const OLLAMA_PATH: &str = "/api/chat";
 
 /// Ollama's chat body: streams by default; `num_predict` is the `max_tokens` of [`chat`].
@@ -374,13 +307,8 @@ fn floor(backend: SocketAddr, window: Duration) {
     for clients in [8, 64] {
         let d = throughput(backend, clients, window, &body, &[]);
         let f = throughput(chain.addr, clients, window, &body, &[chain.pid()]);
-        println!(
-            "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
-            format!("floor: 2 byte-forwarding hops, {clients} clients"),
-            d.rps,
-            f.rps,
-            100.0 * f.rps / d.rps
-        );
+        let name = format!("floor: 2 byte-forwarding hops, {clients} clients");
+        row_rps(&name, &d, &f);
         if clients == 64 {
             row_ratio(
                 "floor: latency p99, 64 clients (ms)",
