@@ -9,7 +9,10 @@
 # target/release/examples/bench, so only the binaries under test differ. RUNS defaults
 # to 5. Alternating (A B A B ...) spreads whatever else the machine does over both
 # builds; on a shared machine judge by the CPU/request rows, which move far less than
-# requests/s. The raw outputs stay in $BENCH_OUT (default: a new directory under /tmp).
+# requests/s, and next to the floor's own drift between the two sides (the
+# forwarders are the same code on both: what they differ by is the machine's noise).
+# The raw outputs stay in $BENCH_OUT (default: a new directory under /tmp); RUNS=0 with
+# BENCH_OUT set summarises the outputs already there.
 set -eu
 
 if [ $# -lt 2 ]; then
@@ -45,6 +48,8 @@ extract() {
     awk '
         /^== relay core/ { sec = "core" }
         /^== end to end/ { sec = "e2e" }
+        # The Ollama rows have a wider name column of their own: not parsed.
+        /^(ollama|same relay)/ { next }
         length($0) > 58 && substr($0, 45, 1) == " " {
             name = substr($0, 1, 44); sub(/ +$/, "", name)
             v = substr($0, 59, 12); gsub(/ /, "", v)
