@@ -33,7 +33,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
 
 build:
 	$(CARGO) build
@@ -123,6 +123,13 @@ test-packaging:
 bench:
 	$(CARGO) build --release --bins --example bench
 	./target/release/examples/bench
+
+# Two builds back to back, alternating, RUNS times (default 5); the median of every figure
+# per build: `make bench-compare BASE=../other/target/release` (NEW defaults to this
+# checkout's release build). Judge by the CPU/request rows on a busy machine.
+bench-compare:
+	$(CARGO) build --release --bins --example bench
+	contrib/bench-compare.sh $(BASE) $(or $(NEW),target/release) $(or $(RUNS),5)
 
 # `make bench` with the usage journal on, without and then with 1,000 usage-stream
 # subscribers that never read (they must not slow the relay).

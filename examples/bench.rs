@@ -7,7 +7,10 @@
 //! * added latency p50/p99 of sequential non-streaming requests (one keep-alive client),
 //! * stream time-to-first-chunk and largest gap between chunks,
 //! * requests/s with 8 and 64 concurrent keep-alive clients, and latency p50/p99 at 64
-//!   (relay / direct: the issue 14 figure),
+//!   (relay / direct: the issue 14 figure), and at each the CPU time per request
+//!   (user + system, all threads) and context switches per request of every relay process
+//!   (server; server and worker end to end; the forwarders of the floor): CPU per request
+//!   is the figure to judge a change by on a busy machine, throughput the noisy one,
 //! * Ollama `/api/chat` streaming next to OpenAI streaming through the same relay: time
 //!   to first chunk and sequential latency to the last event (`"done":true` / `[DONE]`),
 //! * server CPU and RSS while idle with 100 workers connected.
@@ -22,24 +25,39 @@
 //! runs it with 0 and 1,000).
 //! `BENCH_SECS` sets the throughput window (default 3); `BENCH_LOAD=host:port` only
 //! measures sequential latency and drives `BENCH_CLIENTS` (default 8) clients against
-//! that address (for profiling and A/B runs of two builds).
+//! that address (for profiling and A/B runs of two builds); `BENCH_PROFILE=clients` runs
+//! only the relay core under that load, printing its server's pid first. `BENCH_BIN_DIR=dir` runs the
+//! `modelrelay-server` and `modelrelay-worker` found there instead of the ones built beside
+//! the bench (`make bench-compare` runs two builds that way, alternating).
 
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
+#[path = "support/forwarder.rs"]
+mod forwarder;
+#[path = "support/http_load.rs"]
+mod http_load;
 #[path = "support/process.rs"]
 mod process;
+#[path = "support/procstat.rs"]
+mod procstat;
+#[path = "support/rows.rs"]
+mod rows;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use fake_backend::{FakeBackend, Observed};
+use forwarder::Chain;
+use http_load::{sequential, streams, throughput, Client, Samples, OPENAI_PATH};
 use modelrelay::protocol::{to_json, ResponseComplete, ServerMessage, WorkerMessage};
 use modelrelay::ws::{self, ReadHalf, Writer};
 use process::{free_addr, Process};
+use procstat::{cpu_over, rss_kb};
+use rows::{cpu_rows, row_ms, row_ms_in, row_ratio, row_rps, OLLAMA_COLUMN};
 use tungstenite::client::IntoClientRequest;
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
@@ -51,6 +69,7 @@ const ANSWER: &str =
     "the quick brown fox jumps over the lazy dog while the relay keeps every token in order";
 
 fn main() {
+    forwarder::serve_if_asked();
     let secs: u64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -68,8 +87,15 @@ fn main() {
             "sequential latency p50: {:.3} ms",
             seq.p(50).as_secs_f64() * 1000.0
         );
-        let (rps, _) = throughput(addr, clients, window);
-        println!("requests/s, {clients} clients: {rps:.0}");
+        let load = throughput(addr, clients, window, &chat(false), &[]);
+        println!("requests/s, {clients} clients: {:.0}", load.rps);
+        return;
+    }
+    if let Some(clients) = std::env::var("BENCH_PROFILE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        profile_core(clients, window);
         return;
     }
     let (backend, observed) = FakeBackend::new(MODEL, ANSWER).observed();
@@ -84,7 +110,12 @@ fn main() {
     }
     wait_for(|| health(server.addr).contains("\"workers_connected\":4"));
     let stalled = stalled_subscribers(server.addr);
-    compare(backend_addr, server.addr, window);
+    compare(
+        backend_addr,
+        server.addr,
+        window,
+        &[("server", server.pid())],
+    );
     paced_cpu(&server);
     drop(stalled);
     for _ in 0..100 {
@@ -121,7 +152,8 @@ fn main() {
         rss_kb(worker.pid())
     );
     let stalled = stalled_subscribers(server.addr);
-    compare(backend_addr, server.addr, window);
+    let watch = [("server", server.pid()), ("worker", worker.pid())];
+    compare(backend_addr, server.addr, window, &watch);
     drop(stalled);
     floor(backend_addr, window);
     std::thread::sleep(Duration::from_secs(1));
@@ -165,8 +197,24 @@ fn main() {
     );
 }
 
-/// Prints latency, stream and throughput figures for `relay` next to `direct`.
-fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
+/// `BENCH_PROFILE=clients`: the relay core alone under that many clients for the window,
+/// its server's pid printed first (for `perf record -p`), then its CPU rows.
+fn profile_core(clients: usize, window: Duration) {
+    let backend = FakeBackend::new(MODEL, ANSWER);
+    let server = ServerProcess::start();
+    for _ in 0..4 {
+        spawn_fake_worker(server.addr, MODEL, 64, backend.clone());
+    }
+    wait_for(|| health(server.addr).contains("\"workers_connected\":4"));
+    println!("server pid {} at {}", server.pid(), server.addr);
+    let load = throughput(server.addr, clients, window, &chat(false), &[server.pid()]);
+    println!("requests/s, {clients} clients: {:.0}", load.rps);
+    cpu_rows(&format!("{clients} clients"), &load, &["server"]);
+}
+
+/// Prints latency, stream and throughput figures for `relay` next to `direct`, and what
+/// each `watch` process spent per request under load.
+fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration, watch: &[(&str, u32)]) {
     println!(
         "{:<44} {:>12} {:>12} {:>12}",
         "figure", "direct", "relay", "added/ratio"
@@ -196,20 +244,18 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
         d.gap.max(),
         r.gap.max(),
     );
+    let pids: Vec<u32> = watch.iter().map(|(_, pid)| *pid).collect();
+    let names: Vec<&str> = watch.iter().map(|(name, _)| *name).collect();
     for clients in [8, 64] {
-        let (d, d_lat) = throughput(direct, clients, window);
-        let (r, r_lat) = throughput(relay, clients, window);
-        println!(
-            "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
-            format!("requests/s, {clients} clients"),
-            d,
-            r,
-            100.0 * r / d
-        );
+        let d = throughput(direct, clients, window, &body, &[]);
+        let r = throughput(relay, clients, window, &body, &pids);
+        row_rps(&format!("requests/s, {clients} clients"), &d, &r);
         if clients == 64 {
-            row_ratio("latency p50, 64 clients (ms)", d_lat.p(50), r_lat.p(50));
-            row_ratio("latency p99, 64 clients (ms)", d_lat.p(99), r_lat.p(99));
+            let (d, r) = (&d.latency, &r.latency);
+            row_ratio("latency p50, 64 clients (ms)", d.p(50), r.p(50));
+            row_ratio("latency p99, 64 clients (ms)", d.p(99), r.p(99));
         }
+        cpu_rows(&format!("{clients} clients"), &r, &names);
     }
     // Ollama streaming next to OpenAI streaming, both through the relay; a wider name
     // column, so these rows have their own header.
@@ -235,38 +281,6 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration) {
     );
 }
 
-/// Width of the name column of the Ollama rows (the others use 44).
-const OLLAMA_COLUMN: usize = 53;
-
-fn row_ms(name: &str, direct: Duration, relay: Duration) {
-    row_ms_in(44, name, direct, relay);
-}
-
-/// A row whose last column is relay / direct (for latency under concurrency, where
-/// both sides queue on the same cores and the ratio is the figure that travels).
-fn row_ratio(name: &str, direct: Duration, relay: Duration) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{:<44} {:>12.3} {:>12.3} {:>11.1}x",
-        name,
-        ms(direct),
-        ms(relay),
-        ms(relay) / ms(direct).max(1e-6)
-    );
-}
-
-fn row_ms_in(width: usize, name: &str, direct: Duration, relay: Duration) {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{:<width$} {:>12.3} {:>12.3} {:>+12.3}",
-        name,
-        ms(direct),
-        ms(relay),
-        ms(relay) - ms(direct)
-    );
-}
-
-const OPENAI_PATH: &str = "/v1/chat/completions";
 const OLLAMA_PATH: &str = "/api/chat";
 
 /// Ollama's chat body: streams by default; `num_predict` is the `max_tokens` of [`chat`].
@@ -282,249 +296,28 @@ fn chat(stream: bool) -> String {
     )
 }
 
-struct Samples(Vec<Duration>);
-
-impl Samples {
-    fn p(&self, pct: usize) -> Duration {
-        let mut v = self.0.clone();
-        v.sort();
-        v.get((v.len() * pct / 100).min(v.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    }
-    fn max(&self) -> Duration {
-        self.0.iter().max().copied().unwrap_or_default()
-    }
-}
-
-/// A keep-alive HTTP/1.1 client connection.
-struct Client {
-    out: TcpStream,
-    reader: BufReader<TcpStream>,
-}
-
-impl Client {
-    fn connect(addr: SocketAddr) -> Client {
-        let out = TcpStream::connect(addr).expect("connect");
-        out.set_nodelay(true).ok();
-        let reader = BufReader::new(out.try_clone().expect("clone"));
-        Client { out, reader }
-    }
-
-    fn send(&mut self, body: &str) {
-        self.send_to(OPENAI_PATH, body);
-    }
-
-    fn send_to(&mut self, path: &str, body: &str) {
-        let req = format!("POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
-        self.out.write_all(req.as_bytes()).expect("send");
-    }
-
-    /// Reads one response; calls `on_chunk` with the arrival time and bytes of each body
-    /// piece.
-    fn read(&mut self, mut on_chunk: impl FnMut(Instant, &[u8])) -> u16 {
-        let mut line = String::new();
-        self.reader.read_line(&mut line).expect("status");
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let (mut length, mut chunked) = (0usize, false);
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).expect("header");
-            let l = line.trim_end().to_ascii_lowercase();
-            if l.is_empty() {
-                break;
-            }
-            if let Some(v) = l.strip_prefix("content-length:") {
-                length = v.trim().parse().unwrap_or(0);
-            }
-            if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-                chunked = true;
-            }
-        }
-        if !chunked {
-            let mut body = vec![0; length];
-            self.reader.read_exact(&mut body).expect("body");
-            on_chunk(Instant::now(), &body);
-            return status;
-        }
-        loop {
-            line.clear();
-            self.reader.read_line(&mut line).expect("chunk size");
-            let size = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
-            let mut data = vec![0; size + 2];
-            self.reader.read_exact(&mut data).expect("chunk");
-            if size == 0 {
-                return status;
-            }
-            on_chunk(Instant::now(), &data[..size]);
-        }
-    }
-}
-
-fn sequential(addr: SocketAddr, body: &str, n: usize) -> Samples {
-    let mut c = Client::connect(addr);
-    for _ in 0..100 {
-        c.send(body);
-        c.read(|_, _| {});
-    }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        c.send(body);
-        assert_eq!(c.read(|_, _| {}), 200);
-        out.push(t.elapsed());
-    }
-    Samples(out)
-}
-
-/// Per-stream figures of [`streams`].
-struct Streams {
-    /// Request sent to first body chunk.
-    ttfc: Samples,
-    /// Largest gap between two body chunks.
-    gap: Samples,
-    /// Request sent to the chunk that completes `marker` (the stream's last event), or
-    /// to the end of the body for a stream without one.
-    total: Samples,
-}
-
-/// `n` sequential streams of `body` to `path` on one keep-alive connection, after 20
-/// unmeasured ones.
-fn streams(addr: SocketAddr, path: &str, body: &str, marker: &[u8], n: usize) -> Streams {
-    let mut c = Client::connect(addr);
-    let (mut ttfc, mut gaps, mut totals) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..n + 20 {
-        let t = Instant::now();
-        c.send_to(path, body);
-        let mut arrivals = Vec::new();
-        let (mut seen, mut last) = (Vec::new(), None);
-        let status = c.read(|at, data| {
-            arrivals.push(at);
-            if last.is_none() {
-                // Only the new bytes (and a marker split across chunks) need looking at.
-                let from = seen.len().saturating_sub(marker.len());
-                seen.extend_from_slice(data);
-                if seen[from..].windows(marker.len()).any(|w| w == marker) {
-                    last = Some(at);
-                }
-            }
-        });
-        let end = Instant::now();
-        assert_eq!(status, 200, "{path}");
-        if i < 20 {
-            continue;
-        }
-        ttfc.push(arrivals[0] - t);
-        gaps.push(
-            arrivals
-                .windows(2)
-                .map(|w| w[1] - w[0])
-                .max()
-                .unwrap_or_default(),
-        );
-        totals.push(last.unwrap_or(end) - t);
-    }
-    Streams {
-        ttfc: Samples(ttfc),
-        gap: Samples(gaps),
-        total: Samples(totals),
-    }
-}
-
-/// Requests/s of `clients` keep-alive clients over `window`, and the latency of every
-/// request that began inside it.
-fn throughput(addr: SocketAddr, clients: usize, window: Duration) -> (f64, Samples) {
-    let done = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let measuring = Arc::new(AtomicBool::new(false));
-    let handles: Vec<_> = (0..clients)
-        .map(|_| {
-            let (done, stop, measuring) = (done.clone(), stop.clone(), measuring.clone());
-            std::thread::spawn(move || {
-                let body = chat(false);
-                let mut c = Client::connect(addr);
-                let mut latencies = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let (sent, counted) = (Instant::now(), measuring.load(Ordering::Relaxed));
-                    c.send(&body);
-                    if c.read(|_, _| {}) == 200 {
-                        done.fetch_add(1, Ordering::Relaxed);
-                        if counted {
-                            latencies.push(sent.elapsed());
-                        }
-                    }
-                }
-                latencies
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    measuring.store(true, Ordering::Relaxed);
-    let (start_count, start) = (done.load(Ordering::Relaxed), Instant::now());
-    std::thread::sleep(window);
-    let count = done.load(Ordering::Relaxed) - start_count;
-    let elapsed = start.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let mut latencies = Vec::new();
-    for h in handles {
-        latencies.extend(h.join().unwrap_or_default());
-    }
-    (count as f64 / elapsed.as_secs_f64(), Samples(latencies))
-}
-
 /// What the hops alone cost: two do-nothing byte forwarders (a thread per direction per
-/// connection) between client and backend, the same three TCP hops as client -> server
-/// -> worker -> backend but with 6 thread wake-ups per request instead of about 10.
-/// This is the ceiling for any relay with that shape on this machine.
+/// connection, in a process of their own) between client and backend, the same three TCP
+/// hops as client -> server -> worker -> backend but with 6 thread wake-ups per request
+/// instead of about 10. This is the ceiling for any relay with that shape on this
+/// machine, and its CPU per request the floor of the relay's.
 fn floor(backend: SocketAddr, window: Duration) {
-    let chain = forwarder(forwarder(backend));
-    let (d, _) = throughput(backend, 8, window);
-    let (f, _) = throughput(chain, 8, window);
-    println!(
-        "{:<44} {:>12.0} {:>12.0} {:>11.1}%",
-        "floor: 2 byte-forwarding hops, 8 clients",
-        d,
-        f,
-        100.0 * f / d
-    );
-    let (_, d) = throughput(backend, 64, window);
-    let (_, f) = throughput(chain, 64, window);
-    row_ratio("floor: latency p99, 64 clients (ms)", d.p(99), f.p(99));
-}
-
-/// Listens on a fresh port and copies bytes both ways between each client and a new
-/// connection to `upstream`.
-fn forwarder(upstream: SocketAddr) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind forwarder");
-    let addr = listener.local_addr().expect("forwarder address");
-    std::thread::spawn(move || {
-        for client in listener.incoming().flatten() {
-            let Ok(up) = TcpStream::connect(upstream) else {
-                continue;
-            };
-            let _ = (client.set_nodelay(true), up.set_nodelay(true));
-            let (Ok(client2), Ok(up2)) = (client.try_clone(), up.try_clone()) else {
-                continue;
-            };
-            std::thread::spawn(move || copy_bytes(client, up));
-            std::thread::spawn(move || copy_bytes(up2, client2));
+    let chain = Chain::start(backend);
+    let body = chat(false);
+    for clients in [8, 64] {
+        let d = throughput(backend, clients, window, &body, &[]);
+        let f = throughput(chain.addr, clients, window, &body, &[chain.pid()]);
+        let name = format!("floor: 2 byte-forwarding hops, {clients} clients");
+        row_rps(&name, &d, &f);
+        if clients == 64 {
+            row_ratio(
+                "floor: latency p99, 64 clients (ms)",
+                d.latency.p(99),
+                f.latency.p(99),
+            );
         }
-    });
-    addr
-}
-
-fn copy_bytes(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = [0u8; 16 * 1024];
-    while let Ok(n @ 1..) = from.read(&mut buf) {
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
+        cpu_rows(&format!("{clients} clients"), &f, &["floor"]);
     }
-    let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
 /// A fake worker answering from memory: the backend's canned completion, or its words as
@@ -688,26 +481,6 @@ impl WorkerProcess {
     }
 }
 
-fn stat_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    // utime and stime are fields 14 and 15; after the ')' split they are 11 and 12.
-    fields
-        .get(11)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-}
-
-/// CPU time `pid` used during `window` (clock ticks are 10 ms on Linux).
 /// With `BENCH_USAGE_SUBSCRIBERS` set: the server's CPU while one client sends a steady
 /// 200 requests a second for 5 s (CPU time is a steadier figure than throughput on a
 /// busy machine, and it is what idle subscribers would cost).
@@ -739,23 +512,6 @@ fn paced_cpu(server: &ServerProcess) {
         100.0 * cpu.as_secs_f64() / over.as_secs_f64(),
         format!("{}ms/{}s", cpu.as_millis(), over.as_secs())
     );
-}
-
-fn cpu_over(pid: u32, window: Duration) -> (Duration, Duration) {
-    let before = stat_ticks(pid);
-    let t = Instant::now();
-    std::thread::sleep(window);
-    let ticks = stat_ticks(pid) - before;
-    (Duration::from_millis(ticks * 10), t.elapsed())
-}
-
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Keeps only the "connection closed" observations (requests are counted elsewhere).

@@ -64,8 +64,12 @@ impl Drop for Process {
     }
 }
 
-/// `target/<profile>/examples/<bench>` → `target/<profile>/<name>`.
+/// `target/<profile>/examples/<bench>` → `target/<profile>/<name>`, or `$BENCH_BIN_DIR/<name>`
+/// when set (another build's binaries, for side-by-side runs).
 pub fn binary(name: &str) -> std::path::PathBuf {
+    if let Some(dir) = std::env::var_os("BENCH_BIN_DIR") {
+        return std::path::PathBuf::from(dir).join(name);
+    }
     let exe = std::env::current_exe().expect("exe");
     exe.parent()
         .and_then(|p| p.parent())
