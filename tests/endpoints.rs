@@ -328,3 +328,16 @@ fn a_large_upload_goes_through_whole_and_one_too_large_is_refused() {
     assert_eq!(resp.json()["error"]["code"], "request_too_large");
     assert!(b.seen.try_recv().is_err(), "nothing reached the box");
 }
+
+#[test]
+fn a_worker_reports_the_routes_its_box_serves() {
+    let (server, _w, b) = relay(&[], &[("ROUTES", "/v1/audio/transcriptions")]);
+    let resp = json_call(
+        server.addr,
+        "/tokenize",
+        &json!({"model": "tts", "content": "x"}),
+    );
+    assert_eq!(resp.status, 404, "{}", resp.text());
+    assert_eq!(resp.json()["error"]["code"], "route_not_served");
+    assert!(b.seen.try_recv().is_err(), "nothing reached the box");
+}

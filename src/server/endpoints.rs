@@ -60,8 +60,11 @@ pub fn builtin() -> impl Iterator<Item = &'static str> {
 /// What a route needs from the worker that runs it (see `Needs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Spec {
-    /// The route's path: only workers serving it (or not saying) take it.
+    /// The route's path.
     pub route: &'static str,
+    /// Only workers serving it (or not saying) take it; an operator's route is not one
+    /// a worker can know, so any worker may.
+    pub checked: bool,
     /// Base64 bodies: only workers listing `binary_bodies` take it.
     pub binary: bool,
 }
@@ -71,11 +74,13 @@ pub fn spec(path: &str, extra: &[&'static str]) -> Option<Spec> {
     if let Some((route, kind)) = ROUTES.iter().find(|(p, _)| *p == path) {
         return Some(Spec {
             route,
+            checked: true,
             binary: *kind == Kind::Binary,
         });
     }
     extra.iter().find(|p| **p == path).map(|route| Spec {
         route,
+        checked: false,
         binary: true,
     })
 }

@@ -160,7 +160,7 @@ pub fn run_with(
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let needs = match spec {
         Some(spec) => Needs {
-            route: Some(spec.route),
+            route: spec.checked.then_some(spec.route),
             binary: spec.binary,
             ..Needs::default()
         },

@@ -9,6 +9,7 @@ use crate::protocol::{
 };
 
 mod relays;
+mod routes;
 
 const S: Duration = Duration::from_secs(1);
 

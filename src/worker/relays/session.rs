@@ -242,7 +242,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
         model_info,
         wake: shared.power.wake.clone(),
-        routes: None,
+        routes: shared.cfg.routes.reported(shared.residency.kind()),
     }
 }
 
