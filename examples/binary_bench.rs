@@ -61,9 +61,13 @@ fn main() {
     let decode = t.elapsed();
     assert_eq!(back, raw);
 
-    println!("Binary bodies through the relay (release binaries, loopback, {MIB100} bytes = 100 MiB)");
+    println!(
+        "Binary bodies through the relay (release binaries, loopback, {MIB100} bytes = 100 MiB)"
+    );
     println!();
-    println!("| transfer | direct to the box | through the relay | server peak RSS | worker peak RSS |");
+    println!(
+        "| transfer | direct to the box | through the relay | server peak RSS | worker peak RSS |"
+    );
     println!("|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
@@ -154,7 +158,11 @@ fn call(addr: SocketAddr, path: &str, model: &str, body: &[u8]) -> (u16, usize) 
     let mut r = BufReader::with_capacity(256 << 10, s);
     let mut line = String::new();
     r.read_line(&mut line).expect("status");
-    let status = line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     loop {
         line.clear();
         r.read_line(&mut line).expect("header");
@@ -180,7 +188,12 @@ fn timed(f: impl FnOnce() -> (u16, usize)) -> (Duration, (u16, usize)) {
     (t.elapsed(), out)
 }
 
-fn row(what: &str, direct: (Duration, (u16, usize)), through: (Duration, (u16, usize)), relay: &Relay) -> String {
+fn row(
+    what: &str,
+    direct: (Duration, (u16, usize)),
+    through: (Duration, (u16, usize)),
+    relay: &Relay,
+) -> String {
     assert_eq!(through.1 .0, 200, "{what}: status");
     format!(
         "| {what} | {:.2} s, {:.0} MB/s | {:.2} s, {:.0} MB/s | {} MiB | {} MiB |",

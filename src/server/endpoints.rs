@@ -138,19 +138,15 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, mut req: Request, caller: Caller, spec:
         Ok(found) => found,
         Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
     };
-    let raw = std::mem::take(&mut req.body);
     let body = if spec.binary {
         // The raw bytes go as soon as they are encoded: a large upload is held once.
-        let encoded = binary::encode(&raw);
-        drop(raw);
+        let encoded = binary::encode(&req.body);
+        req.body = Vec::new();
         encoded
     } else {
-        match String::from_utf8(raw) {
+        match relay::text_body(&mut req) {
             Ok(text) => text,
-            Err(_) => {
-                let e = ApiError::new(400, "invalid_json", "request body is not UTF-8");
-                return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller));
-            }
+            Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
         }
     };
     let job = Job {

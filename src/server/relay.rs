@@ -93,14 +93,10 @@ pub fn relay_inspected(
     caller: Caller,
     info: BodyInfo,
 ) -> bool {
-    let keep = req.keep_alive;
     // inspect_body parsed it as JSON, so it is UTF-8; stay defensive anyway.
-    let body = match String::from_utf8(std::mem::take(&mut req.body)) {
+    let body = match text_body(&mut req) {
         Ok(b) => b,
-        Err(_) => {
-            let e = ApiError::new(400, "invalid_json", "request body is not UTF-8");
-            return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller));
-        }
+        Err(e) => return reject_caller(conn, ctx, &req.path, &e, req.keep_alive, Some(&caller)),
     };
     let job = Job {
         route: req.path.clone(),
@@ -112,6 +108,12 @@ pub fn relay_inspected(
         reshape: None,
     };
     run(conn, ctx, &req, job, caller)
+}
+
+/// Takes a JSON route's body as text; `400` when it is not UTF-8.
+pub fn text_body(req: &mut Request) -> Result<String, ApiError> {
+    String::from_utf8(std::mem::take(&mut req.body))
+        .map_err(|_| ApiError::new(400, "invalid_json", "request body is not UTF-8"))
 }
 
 /// Admits, submits and answers a prepared request; returns whether the connection may
