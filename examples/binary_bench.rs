@@ -109,7 +109,10 @@ impl Relay {
                 ("EXTRA_ROUTES", "/upload,/download".into()),
             ],
         );
-        wait(|| TcpStream::connect(addr).is_ok());
+        assert!(
+            wait(|| TcpStream::connect(addr).is_ok()),
+            "the server did not start"
+        );
         let worker = Process::spawn(
             "modelrelay-worker",
             &[
@@ -119,7 +122,11 @@ impl Relay {
                 ("MAX_WS_MESSAGE_BYTES", "160000000".into()),
             ],
         );
-        wait(|| health(addr).contains("\"workers_connected\":1"));
+        let up = wait(|| health(addr).contains("\"workers_connected\":1"));
+        if !up {
+            let lines = worker.lines.lock().join("\n");
+            panic!("the worker did not register:\n{lines}");
+        }
         Relay {
             addr,
             server,
@@ -128,19 +135,23 @@ impl Relay {
     }
 }
 
-fn wait(mut ready: impl FnMut() -> bool) {
+/// Polls `ready` for up to 30 s; whether it became true.
+fn wait(mut ready: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !ready() {
-        assert!(Instant::now() < deadline, "the relay did not come up");
+        if Instant::now() > deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
+    true
 }
 
 fn health(addr: SocketAddr) -> String {
     let Ok(mut s) = TcpStream::connect(addr) else {
         return String::new();
     };
-    let _ = s.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    let _ = s.write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
@@ -150,7 +161,7 @@ fn health(addr: SocketAddr) -> String {
 fn call(addr: SocketAddr, path: &str, model: &str, body: &[u8]) -> (u16, usize) {
     let mut s = TcpStream::connect(addr).expect("connect");
     let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-model: {model}\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\nx-model: {model}\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).expect("head");

@@ -27,41 +27,24 @@ pub fn encoded_len(len: usize) -> usize {
     len.div_ceil(3) * 4
 }
 
-/// Standard base64 with padding.
+/// Standard base64 with padding. Writes into a buffer of the final size, three bytes
+/// to four at a time (bodies are up to hundreds of MB).
 pub fn encode(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(encoded_len(bytes.len()));
-    let mut triples = bytes.chunks_exact(3);
-    for t in &mut triples {
-        let n = u32::from(t[0]) << 16 | u32::from(t[1]) << 8 | u32::from(t[2]);
-        out.extend_from_slice(&[
-            ALPHABET[(n >> 18) as usize & 63],
-            ALPHABET[(n >> 12) as usize & 63],
-            ALPHABET[(n >> 6) as usize & 63],
-            ALPHABET[n as usize & 63],
-        ]);
+    let mut out = vec![0u8; encoded_len(bytes.len())];
+    let sym = |n: u32, shift: u32| ALPHABET[(n >> shift) as usize & 63];
+    let whole = bytes.len() / 3;
+    for (src, dst) in bytes.chunks_exact(3).zip(out.chunks_exact_mut(4)) {
+        let n = u32::from(src[0]) << 16 | u32::from(src[1]) << 8 | u32::from(src[2]);
+        dst.copy_from_slice(&[sym(n, 18), sym(n, 12), sym(n, 6), sym(n, 0)]);
     }
-    match *triples.remainder() {
-        [a] => {
-            let n = u32::from(a) << 16;
-            out.extend_from_slice(&[
-                ALPHABET[(n >> 18) as usize & 63],
-                ALPHABET[(n >> 12) as usize & 63],
-                b'=',
-                b'=',
-            ]);
-        }
-        [a, b] => {
-            let n = u32::from(a) << 16 | u32::from(b) << 8;
-            out.extend_from_slice(&[
-                ALPHABET[(n >> 18) as usize & 63],
-                ALPHABET[(n >> 12) as usize & 63],
-                ALPHABET[(n >> 6) as usize & 63],
-                b'=',
-            ]);
-        }
-        _ => {}
+    let rest = &bytes[whole * 3..];
+    if !rest.is_empty() {
+        let b = rest.get(1).copied().unwrap_or(0);
+        let n = u32::from(rest[0]) << 16 | u32::from(b) << 8;
+        let third = if rest.len() == 2 { sym(n, 6) } else { b'=' };
+        out[whole * 4..].copy_from_slice(&[sym(n, 18), sym(n, 12), third, b'=']);
     }
-    // Every byte pushed is from the ASCII alphabet or '='.
+    // Every byte written is from the ASCII alphabet or '='.
     String::from_utf8(out).unwrap_or_default()
 }
 
@@ -93,27 +76,37 @@ pub fn decode(text: &str) -> Result<Vec<u8>, BadBase64> {
     if bytes.len() % 4 != 0 {
         return Err(BadBase64);
     }
-    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-    let last = bytes.len() / 4;
-    for (i, quad) in bytes.chunks_exact(4).enumerate() {
-        let pad = if i + 1 == last {
-            quad.iter().rev().take_while(|b| **b == b'=').count()
-        } else {
-            0
-        };
-        if pad > 2 {
+    let pad = bytes.iter().rev().take_while(|b| **b == b'=').count();
+    if pad > 2 {
+        return Err(BadBase64);
+    }
+    // Every quad but a padded last one decodes without looking for padding.
+    let full = if pad > 0 {
+        bytes.len() - 4
+    } else {
+        bytes.len()
+    };
+    let mut out = vec![0u8; full / 4 * 3 + if pad > 0 { 3 - pad } else { 0 }];
+    let value = |b: u8| u32::from(VALUES[b as usize]);
+    for (src, dst) in bytes[..full].chunks_exact(4).zip(out.chunks_exact_mut(3)) {
+        let (a, b, c, d) = (value(src[0]), value(src[1]), value(src[2]), value(src[3]));
+        if (a | b | c | d) & 64 != 0 {
             return Err(BadBase64);
         }
-        let mut n = 0u32;
-        for (j, b) in quad.iter().enumerate() {
-            let v = if j >= 4 - pad { 0 } else { VALUES[*b as usize] };
-            if v == 64 {
-                return Err(BadBase64);
-            }
-            n = n << 6 | u32::from(v);
+        let n = a << 18 | b << 12 | c << 6 | d;
+        dst.copy_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8]);
+    }
+    if pad > 0 {
+        let last = &bytes[full..];
+        let c = if pad == 1 { value(last[2]) } else { 0 };
+        let (a, b) = (value(last[0]), value(last[1]));
+        if (a | b | c) & 64 != 0 {
+            return Err(BadBase64);
         }
-        let three = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&three[..3 - pad]);
+        let n = a << 18 | b << 12 | c << 6;
+        let three = [(n >> 16) as u8, (n >> 8) as u8];
+        let at = full / 4 * 3;
+        out[at..].copy_from_slice(&three[..3 - pad]);
     }
     Ok(out)
 }

@@ -169,8 +169,9 @@ pub fn run_with(
         None => crate::server::body::needs(&msg.endpoint_path, &msg.body),
     };
     let session = req.header("x-session-id");
+    // A binary body holds no prompt to find a cached prefix of (and may be 100 MB).
     let prints = fingerprint::for_request(
-        ctx.cfg.dispatch.affinity,
+        ctx.cfg.dispatch.affinity && !binary,
         &msg.endpoint_path,
         &msg.body,
         session,
