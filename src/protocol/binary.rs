@@ -11,8 +11,9 @@
 //! their size checks (`size.rs`), cancellation and failover stay exactly those of chat;
 //! an original peer never sees the field because the server sends such a request only
 //! to a worker that listed the feature. The cost is a third more bytes on the wire and
-//! an encode plus a decode pass, measured by `make bench-binary` (a few hundred MB/s on
-//! one core, far above what the boxes behind the relay produce).
+//! an encode plus a decode pass, measured by `make bench-binary` (about 100 MB/s each
+//! way on one busy core of the size-optimised release build; speech and transcription
+//! boxes produce far less).
 
 /// Worker feature: it decodes `body_encoding: "base64"` request bodies and answers
 /// such requests in base64. The server sends binary routes only to workers listing it.
