@@ -33,7 +33,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary
 
 build:
 	$(CARGO) build
@@ -158,6 +158,12 @@ bench-usage:
 bench-failover:
 	$(CARGO) build --release --bins --example failover_bench
 	./target/release/examples/failover_bench
+
+# Binary bodies: throughput and peak RSS of a 100 MiB upload and a 100 MiB streamed
+# answer through the relay, the latency it adds to a small binary request, base64 rates.
+bench-binary:
+	$(CARGO) build --release --bins --example binary_bench
+	./target/release/examples/binary_bench
 
 # Cache affinity with two real llama-servers (Gemma 3 270M, 2 slots each): later-turn
 # prompt tokens evaluated, latency, wall time and box shares, affinity off vs on

@@ -148,6 +148,7 @@ impl Sim {
                 backend_kind: None,
                 model_info: None,
                 wake: None,
+                routes: None,
             };
             let remote = "sim".into();
             let joined = Event::WorkerJoined {
@@ -205,6 +206,7 @@ impl Sim {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            body_encoding: None,
         });
         let event = Event::Submit {
             id,

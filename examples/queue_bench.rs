@@ -47,6 +47,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
         backend_kind: None,
         model_info: None,
         wake: None,
+        routes: None,
     };
     d.handle(
         Event::WorkerJoined {
@@ -71,6 +72,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            body_encoding: None,
         });
         let who = Who {
             tenant: tenant_names[id as usize % tenants].clone(),

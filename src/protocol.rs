@@ -37,6 +37,11 @@
 //! * `model_operation`, `operation_status` and `worker_status`: load, unload and flush
 //!   models on request, and report the backend's version and resources; see
 //!   [`lifecycle`] (feature [`lifecycle::FEATURE_LIFECYCLE`]).
+//! * `body_encoding` on `request`: a base64 body, answered in base64 (bytes such as
+//!   audio and multipart forms); only toward workers that listed
+//!   [`binary::FEATURE_BINARY_BODIES`]. See [`binary`].
+//! * `routes` on `register`: which relayed routes beyond chat the backend serves; the
+//!   server sends a route only to workers that serve it (or did not say).
 //! * `wake` on `register`, `wake_peer`, `sleep_request` and `sleep_answer`: boxes that
 //!   sleep and are woken on demand; see [`power`].
 
@@ -45,6 +50,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub mod binary;
 pub mod lifecycle;
 mod parse;
 pub mod power;
@@ -185,6 +191,10 @@ pub struct RegisterMessage {
     /// Extension: where a magic packet wakes this box (see [`power`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake: Option<WakeAddress>,
+    /// Extension: the relayed routes beyond chat (`/tokenize`, `/v1/audio/speech`, ...)
+    /// the backend serves, when the worker can tell. Absent: unknown (may serve any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routes: Option<Vec<String>>,
 }
 
 /// `register_ack`: the server's answer to `register`.
@@ -215,6 +225,9 @@ pub struct RequestMessage {
     pub body: Arc<str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: HeaderMap,
+    /// Extension ([`binary`]): `"base64"` when `body` and the answer are base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_encoding: Option<String>,
 }
 
 /// Why the server cancels a request (`cancel.reason`).

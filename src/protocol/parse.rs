@@ -33,6 +33,7 @@ struct Raw {
     current_load: Option<u32>,
     in_flight: Option<u32>,
     relays: Option<Vec<String>>,
+    routes: Option<Vec<String>>,
     loaded_models: Option<Vec<String>>,
     backend_kind: Option<String>,
     model_info: Option<serde_json::Value>,
@@ -41,6 +42,7 @@ struct Raw {
     endpoint_path: Option<String>,
     is_streaming: Option<bool>,
     body: Option<String>,
+    body_encoding: Option<String>,
     headers: Option<HeaderMap>,
     reason: Option<serde_json::Value>,
     timestamp_unix_ms: Option<u64>,
@@ -111,6 +113,7 @@ impl WorkerMessage {
                 backend_kind: r.backend_kind,
                 model_info: model_info_from(r.model_info),
                 wake: power::wake_from(r.wake),
+                routes: r.routes,
             }),
             "models_update" => WorkerMessage::ModelsUpdate {
                 models: need(r.models, k, "models")?,
@@ -211,6 +214,7 @@ impl ServerMessage {
                 is_streaming: r.is_streaming.unwrap_or(false),
                 body: Arc::from(r.body.unwrap_or_default()),
                 headers: r.headers.unwrap_or_default(),
+                body_encoding: r.body_encoding,
             })),
             "cancel" => ServerMessage::Cancel {
                 request_id: need(r.request_id, k, "request_id")?,

@@ -110,6 +110,7 @@ mod tests {
             is_streaming: true,
             body: Arc::from(nasty()),
             headers: headers.clone(),
+            body_encoding: None,
         };
         let real = serde_json::to_string(&ServerMessage::Request(Arc::new(msg.clone())))
             .unwrap()

@@ -17,7 +17,7 @@ use super::ollama::translate::Endpoint;
 use super::relay;
 use super::reply::{self, write_error};
 use super::tenancy::identity::identify;
-use super::{dashboard, ops, status, usage, worker_socket, Ctx};
+use super::{dashboard, endpoints, ops, status, usage, worker_socket, Ctx};
 
 /// `GET /v1/models/load/{taskId}`.
 const TASK_PREFIX: &str = "/v1/models/load/";
@@ -37,8 +37,11 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
     let peer = conn.peer;
     // A relayed request takes its id when it is admitted; every other answer (a wrong
     // method on a relayed path too) gets one here.
+    let extra = &ctx.cfg.extra_routes;
     let relayed = req.method == "POST"
-        && (RELAYED_ROUTES.contains(&req.path.as_str()) || ollama::endpoint(&req.path).is_some());
+        && (RELAYED_ROUTES.contains(&req.path.as_str())
+            || ollama::endpoint(&req.path).is_some()
+            || endpoints::spec(&req.path, extra).is_some());
     conn.request_id = if relayed {
         None
     } else {
@@ -81,6 +84,18 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
                 Err(e) => reply::reject(&mut conn, ctx, path, &e, req.keep_alive),
             }
         }
+        ("POST", path) if endpoints::spec(path, extra).is_some() => {
+            let spec = endpoints::spec(path, extra);
+            match authorize_client(ctx, &req, peer.ip())
+                .and_then(|c| identify(&req, c, ctx.gate.policy()))
+            {
+                Ok(caller) => match spec {
+                    Some(spec) => endpoints::relay(&mut conn, ctx, req, caller, spec),
+                    None => false,
+                },
+                Err(e) => reply::reject(&mut conn, ctx, path, &e, req.keep_alive),
+            }
+        }
         ("GET", "/v1/models") => match authorize_client(ctx, &req, peer.ip()) {
             Ok(_) => status::models(&mut conn, ctx, &req),
             Err(e) => write_error(&mut conn, Style::OpenAi, &e, req.keep_alive, None),
@@ -118,7 +133,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
         (_, path) if path.starts_with("/admin/") => ops::admin(&mut conn, ctx, &req),
         (_, path) if dashboard::owns(path) => dashboard::serve(&mut conn, ctx, &req),
         (_, path) => {
-            let e = if is_known(path) {
+            let e = if is_known(path) || endpoints::spec(path, extra).is_some() {
                 ApiError::new(
                     405,
                     "method_not_allowed",

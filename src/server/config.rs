@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub allowed_origins: AllowedOrigins,
     /// What an idle box draws, for the energy sleeping saved (`IDLE_WATTS`).
     pub idle_watts: Option<f64>,
+    /// More routes relayed as they are, binary-safe (`EXTRA_ROUTES`).
+    pub extra_routes: Vec<&'static str>,
 }
 
 impl ServerConfig {
@@ -153,6 +155,7 @@ impl ServerConfig {
                 w if w.is_finite() && w > 0.0 => Some(w),
                 _ => None,
             },
+            extra_routes: super::endpoints::parse_extra_routes(s.get("extra-routes"))?,
         })
     }
 }

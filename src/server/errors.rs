@@ -181,6 +181,27 @@ impl ApiError {
                 "requeue_exhausted",
                 "requeue attempts exhausted: the workers serving this request kept disconnecting",
             ),
+            // A route is named by its path (`Worker::lacks_route`).
+            Failure::UnsupportedCapability { model, capability } if capability.starts_with('/') => {
+                ApiError::new(
+                    404,
+                    "route_not_served",
+                    format!("no worker serving `{model}` serves {capability} (its backend does not offer it)"),
+                )
+                .field("route", *capability)
+            }
+            Failure::UnsupportedCapability { model, capability }
+                if *capability == crate::protocol::binary::FEATURE_BINARY_BODIES =>
+            {
+                ApiError::new(
+                    501,
+                    "binary_bodies_unsupported",
+                    format!(
+                        "no worker serving `{model}` can carry binary bodies: this route needs \
+                         a worker that lists `binary_bodies` (a newer modelrelay-worker)"
+                    ),
+                )
+            }
             Failure::UnsupportedCapability { model, capability } => ApiError::new(
                 400,
                 "unsupported_capability",

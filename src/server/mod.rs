@@ -24,6 +24,7 @@ pub mod dashboard;
 #[path = "dashboard_off.rs"]
 pub mod dashboard;
 pub mod dispatcher;
+pub mod endpoints;
 pub mod errors;
 pub mod fanout;
 pub mod fingerprint;

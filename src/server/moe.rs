@@ -325,6 +325,7 @@ impl Parts<'_> {
             is_streaming: false,
             body,
             headers: self.headers.clone(),
+            body_encoding: None,
         });
         let submit = Input::Submit {
             id,

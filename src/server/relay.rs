@@ -21,7 +21,8 @@ use log::debug;
 
 use super::body::{inspect_body, BodyInfo, FORWARDED_HEADERS};
 use super::dispatcher::runtime::Input;
-use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
+use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, Needs, RequestId};
+use super::endpoints::Spec;
 use super::errors::{ApiError, Style};
 use super::fingerprint;
 use super::http::request::{Conn, Request};
@@ -37,6 +38,7 @@ pub use record::{record, Record};
 
 pub(crate) mod boundary;
 mod bounds;
+mod bytes;
 mod held;
 mod record;
 mod whole;
@@ -91,14 +93,10 @@ pub fn relay_inspected(
     caller: Caller,
     info: BodyInfo,
 ) -> bool {
-    let keep = req.keep_alive;
     // inspect_body parsed it as JSON, so it is UTF-8; stay defensive anyway.
-    let body = match String::from_utf8(std::mem::take(&mut req.body)) {
+    let body = match text_body(&mut req) {
         Ok(b) => b,
-        Err(_) => {
-            let e = ApiError::new(400, "invalid_json", "request body is not UTF-8");
-            return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller));
-        }
+        Err(e) => return reject_caller(conn, ctx, &req.path, &e, req.keep_alive, Some(&caller)),
     };
     let job = Job {
         route: req.path.clone(),
@@ -112,9 +110,29 @@ pub fn relay_inspected(
     run(conn, ctx, &req, job, caller)
 }
 
+/// Takes a JSON route's body as text; `400` when it is not UTF-8.
+pub fn text_body(req: &mut Request) -> Result<String, ApiError> {
+    String::from_utf8(std::mem::take(&mut req.body))
+        .map_err(|_| ApiError::new(400, "invalid_json", "request body is not UTF-8"))
+}
+
 /// Admits, submits and answers a prepared request; returns whether the connection may
 /// be reused.
 pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Caller) -> bool {
+    run_with(conn, ctx, req, job, caller, None)
+}
+
+/// [`run`] for a route beyond chat (`endpoints.rs`): only workers serving the route
+/// take it, and a binary one travels base64-encoded both ways.
+pub fn run_with(
+    conn: &mut Conn,
+    ctx: &Ctx,
+    req: &Request,
+    job: Job<'_>,
+    caller: Caller,
+    spec: Option<Spec>,
+) -> bool {
+    let binary = spec.is_some_and(|s| s.binary);
     let started = Instant::now();
     let keep = req.keep_alive;
     let headers = forwarded_headers(&req.headers, &caller);
@@ -127,6 +145,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         is_streaming: job.stream,
         body: Arc::from(job.body),
         headers,
+        body_encoding: binary.then(|| crate::protocol::binary::BASE64.to_string()),
     });
     if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
         return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
@@ -141,10 +160,18 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         && req
             .header("x-queue-updates")
             .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    let needs = crate::server::body::needs(&msg.endpoint_path, &msg.body);
+    let needs = match spec {
+        Some(spec) => Needs {
+            route: spec.checked.then_some(spec.route),
+            binary: spec.binary,
+            ..Needs::default()
+        },
+        None => crate::server::body::needs(&msg.endpoint_path, &msg.body),
+    };
     let session = req.header("x-session-id");
+    // A binary body holds no prompt to find a cached prefix of (and may be 100 MB).
     let prints = fingerprint::for_request(
-        ctx.cfg.dispatch.affinity,
+        ctx.cfg.dispatch.affinity && !binary,
         &msg.endpoint_path,
         &msg.body,
         session,
@@ -180,6 +207,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         status: 0,
         tokens: (0, 0),
         client_lags: false,
+        binary: binary.then(Default::default),
     };
     let submit = Input::Submit {
         id,
@@ -245,6 +273,8 @@ struct Session<'a, 'r> {
     /// The last write waited on the client ([`SLOW_WRITE`]): what piles up meanwhile is
     /// the client's doing, and bounded by [`MAX_ANSWER_BUFFER`].
     client_lags: bool,
+    /// A binary route's answer (`bytes.rs`): base64 chunks, written decoded.
+    binary: Option<bytes::Binary>,
 }
 
 impl Session<'_, '_> {
@@ -272,6 +302,10 @@ impl Session<'_, '_> {
                 }
                 ClientEvent::Queued { position, eta_ms } => {
                     self.push_progress(&mut buf, position, eta_ms);
+                }
+                ClientEvent::Head(headers) if self.binary.is_some() => {
+                    self.binary_head(headers);
+                    continue;
                 }
                 ClientEvent::Head(headers) => {
                     self.head = self.held.head(&headers);
@@ -444,6 +478,10 @@ impl Session<'_, '_> {
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
+        if self.binary.is_some() {
+            self.push_binary_chunk(buf, chunk);
+            return;
+        }
         let Some(chunk) = self.held.push(chunk) else {
             return;
         };
@@ -499,6 +537,9 @@ impl Session<'_, '_> {
     }
 
     fn push_final(&mut self, buf: &mut Vec<u8>, event: ClientEvent) {
+        if self.binary.is_some() {
+            return self.push_binary_final(buf, event);
+        }
         let queue_timeout = self.ctx.cfg.dispatch.queue_timeout.as_secs();
         match (self.framing, event) {
             (None, ClientEvent::Complete(rc)) if self.reshape.is_some() => {

@@ -21,6 +21,7 @@ pub use super::stream_usage::{
 use super::trim::{self, TRIM_REQUEST_HEADER};
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage};
 
+mod binary;
 mod failure;
 pub use failure::is_connection_failure;
 use failure::{is_stale_connection, unavailable};
@@ -241,6 +242,9 @@ impl Backend {
         if let Err(why) = url::checked_url(&self.base, &req.endpoint_path) {
             return Outcome::BadPath(why);
         }
+        if req.body_encoding.is_some() {
+            return binary::forward(self, agent, req, handle, failover, emit);
+        }
         // Streams of OpenAI-style completions ask the backend for their token counts; the
         // extra usage chunk is then stripped from what the client gets.
         let injected = if req.is_streaming {
@@ -251,7 +255,7 @@ impl Backend {
         let strip_usage = injected.is_some();
         let mut attempts = trim::Attempts::new(trim, req, injected.as_deref().unwrap_or(&req.body));
         loop {
-            let response = match self.send_once(agent, req, attempts.body(), handle) {
+            let response = match self.send_once(agent, req, attempts.body().as_bytes(), handle) {
                 Ok(response) => response,
                 Err(outcome) => return outcome,
             };
@@ -292,7 +296,7 @@ impl Backend {
         &self,
         agent: &mut ureq::Agent,
         req: &RequestMessage,
-        body: &str,
+        body: &[u8],
         handle: &Handle,
     ) -> Result<ureq::http::Response<ureq::Body>, Outcome> {
         let mut retried = false;
@@ -340,7 +344,7 @@ impl Backend {
         &self,
         agent: &ureq::Agent,
         req: &RequestMessage,
-        body: &str,
+        body: &[u8],
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut builder = agent.post(&self.url(&req.endpoint_path));
         for (name, value) in &req.headers {
@@ -356,7 +360,7 @@ impl Backend {
         if !req.headers.contains_key("content-type") {
             builder = builder.header("content-type", "application/json");
         }
-        builder.send(body.as_bytes())
+        builder.send(body)
     }
 
     /// `strip_usage`: the worker asked for usage itself, so the usage-only event is

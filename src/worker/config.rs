@@ -52,6 +52,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "auto, openai, ollama, llama-server or vllm: how to tell which models are loaded",
     },
     Opt {
+        flag: "routes",
+        env: "ROUTES",
+        default: Some("auto"),
+        help: "which relayed routes beyond chat the backend serves, reported to the server: auto (by backend kind), any (report nothing), or paths like /v1/audio/speech,/v1/audio/transcriptions",
+    },
+    Opt {
         flag: "load-keep-alive",
         env: "LOAD_KEEP_ALIVE",
         default: Some("-1"),
@@ -207,6 +213,8 @@ pub struct WorkerConfig {
     pub models: ModelSource,
     /// `BACKEND_KIND`: what the backend is, or `auto` to ask it.
     pub backend_kind: KindSetting,
+    /// `ROUTES`: which routes beyond chat to report (`routes.rs`).
+    pub routes: super::routes::RoutesSetting,
     /// `LOAD_KEEP_ALIVE`: Ollama's `keep_alive` for a model loaded on the server's request.
     pub load_keep_alive: String,
     pub max_concurrency: u32,
@@ -267,6 +275,7 @@ impl WorkerConfig {
             backend_url,
             models,
             backend_kind,
+            routes: super::routes::RoutesSetting::parse(s.get("routes"))?,
             load_keep_alive,
             max_concurrency,
             backend_api_key: s.get("backend-api-key").map(str::to_string),

@@ -25,6 +25,7 @@ pub mod inflight;
 pub mod lifecycle;
 pub mod power;
 pub mod relays;
+pub mod routes;
 pub mod slots;
 pub mod stream_usage;
 pub mod trim;

@@ -75,5 +75,11 @@ if ! RELAY="http://127.0.0.1:$RELAY_PORT" LLAMA="http://127.0.0.1:$LLAMA_PORT" M
   for f in llama llama-embed llama-router server worker worker-embed server-fast404 worker-fast404 server-router worker-router; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
   exit 1
 fi
+# The routes beyond chat (tokenize, detokenize, apply-template, infill, rerank).
+if ! RELAY="http://127.0.0.1:$RELAY_PORT" LLAMA="http://127.0.0.1:$LLAMA_PORT" MODEL=gemma3 \
+    "$CACHE/venv/bin/python" tests/real_backend/test_endpoints.py; then
+  for f in llama server worker; do echo "---- $f log (tail)"; tail -n 30 "$LOGS/$f.log"; done
+  exit 1
+fi
 # What the context-trim tests made the worker do (one line per trim).
 grep -h "pre-trimmed\|refused the prompt\|refusal goes out" "$LOGS/worker.log" | sed 's/^/    worker: /' || true

@@ -63,6 +63,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "largest client request body (413 beyond)",
     },
     Opt {
+        flag: "extra-routes",
+        env: "EXTRA_ROUTES",
+        default: None,
+        help: "more POST routes relayed as they are, binary-safe, comma-separated (`/v1/foo,/v1/bar`); routed by the body's or form's `model`, else an X-Model header",
+    },
+    Opt {
         flag: "max-ws-message-bytes",
         env: "MAX_WS_MESSAGE_BYTES",
         default: Some("67108864"),

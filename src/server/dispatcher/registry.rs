@@ -13,6 +13,10 @@ use crate::protocol::{ModelInfo, ModelInfoMap};
 /// Capabilities kept per model description (a worker's word, bounded).
 const MAX_CAPABILITIES: usize = 16;
 
+/// Routes kept per worker (`register.routes`), and the longest path kept.
+const MAX_ROUTES: usize = 128;
+const MAX_ROUTE_LEN: usize = 256;
+
 /// What a request needs its model to do, read from its body on the client's thread.
 /// A worker is passed over only when it describes the model and the ability is missing
 /// (a worker that says nothing about its models may still get the request).
@@ -22,6 +26,10 @@ pub struct Needs {
     pub vision: bool,
     /// `/v1/embeddings`.
     pub embedding: bool,
+    /// A base64 body (`binary.rs`): only workers listing `binary_bodies` take it.
+    pub binary: bool,
+    /// A relayed route beyond chat: only workers serving it (or not saying) take it.
+    pub route: Option<&'static str>,
 }
 
 impl Needs {
@@ -77,6 +85,8 @@ pub struct Worker {
     /// The relays it is registered with, as it reports them (`relays`; empty: not
     /// reported, an original or single-relay worker).
     pub relays: Vec<String>,
+    /// The routes beyond chat its backend serves (`register.routes`); `None`: unknown.
+    pub routes: Option<HashSet<String>>,
 }
 
 /// Whether a worker takes new work.
@@ -128,6 +138,7 @@ impl Worker {
             stay_awake: false,
             yielded: None,
             relays: Vec::new(),
+            routes: None,
         }
     }
 
@@ -231,6 +242,9 @@ impl Worker {
     /// the backend can say counts: every kind reports vision, but only Ollama lists
     /// `embedding` (llama-server and vLLM cannot tell whether a model embeds).
     pub fn lacks(&self, model: &str, needs: Needs) -> Option<&'static str> {
+        if let Some(missing) = self.lacks_route(needs) {
+            return Some(missing);
+        }
         let described = self.model_info.as_ref()?.get(model)?;
         if described.capabilities.is_empty() {
             return None;
@@ -242,9 +256,37 @@ impl Worker {
             .find(|need| !described.capabilities.iter().any(|c| c == need))
     }
 
+    /// What the worker itself (not its model) lacks for `needs`: the binary-body
+    /// extension (an original worker would corrupt the bytes) or the route, named by
+    /// its path (a path is how [`super::requests`] tells a route from a capability).
+    fn lacks_route(&self, needs: Needs) -> Option<&'static str> {
+        if needs.binary
+            && !self
+                .features
+                .iter()
+                .any(|f| f == crate::protocol::binary::FEATURE_BINARY_BODIES)
+        {
+            return Some(crate::protocol::binary::FEATURE_BINARY_BODIES);
+        }
+        let route = needs.route?;
+        let routes = self.routes.as_ref()?;
+        (!routes.contains(route)).then_some(route)
+    }
+
     /// Whether `model` here may take a request with `needs`.
     pub fn can(&self, model: &str, needs: Needs) -> bool {
         needs == Needs::default() || self.lacks(model, needs).is_none()
+    }
+
+    /// Keeps the routes a worker reports, bounded: a worker's word, not trusted with
+    /// memory (more than [`MAX_ROUTES`] or overlong paths are dropped).
+    pub fn set_routes(&mut self, routes: Option<Vec<String>>) {
+        self.routes = routes.map(|list| {
+            list.into_iter()
+                .filter(|r| r.len() <= MAX_ROUTE_LEN)
+                .take(MAX_ROUTES)
+                .collect()
+        });
     }
 
     pub fn set_models(&mut self, models: Vec<String>) {
@@ -446,7 +488,11 @@ mod tests {
 
     #[test]
     fn only_what_a_backend_can_say_is_held_against_it() {
-        let needs = |vision, embedding| Needs { vision, embedding };
+        let needs = |vision, embedding| Needs {
+            vision,
+            embedding,
+            ..Default::default()
+        };
         let mut llama = worker(1, &["m"], &[("m", None, &["completion"])]);
         llama.backend_kind = Some("llama-server".into());
         assert_eq!(llama.lacks("m", needs(true, false)), Some("vision"));

@@ -9,6 +9,7 @@ use crate::protocol::{
 };
 
 mod relays;
+mod routes;
 
 const S: Duration = Duration::from_secs(1);
 
@@ -63,6 +64,7 @@ impl Harness {
             backend_kind: None,
             model_info: None,
             wake: None,
+            routes: None,
         };
         self.ev(Event::WorkerJoined {
             id,
@@ -79,6 +81,7 @@ impl Harness {
             is_streaming: false,
             body: Arc::from(format!("{{\"model\":\"{model}\"}}")),
             headers: Default::default(),
+            body_encoding: None,
         });
         self.ev(Event::Submit {
             id,
@@ -99,6 +102,7 @@ impl Harness {
             is_streaming: true,
             body: Arc::from("{}"),
             headers: Default::default(),
+            body_encoding: None,
         });
         self.ev(Event::Submit {
             id,
@@ -125,6 +129,7 @@ impl Harness {
             is_streaming: true,
             body: Arc::from("{\"model\":\"m\"}"),
             headers: Default::default(),
+            body_encoding: None,
         });
         let who = Who {
             tenant: Arc::from(tenant),
@@ -231,6 +236,7 @@ fn register_is_acked_with_sanitized_models_and_warnings() {
         backend_kind: None,
         model_info: None,
         wake: None,
+        routes: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 7,
@@ -261,6 +267,7 @@ fn unsupported_protocol_version_is_closed_without_registering() {
         backend_kind: None,
         model_info: None,
         wake: None,
+        routes: None,
     };
     let actions = h.ev(Event::WorkerJoined {
         id: 1,

@@ -84,6 +84,7 @@ impl Dispatcher {
         worker.backend_kind = reg.backend_kind;
         worker.set_model_info(reg.model_info);
         worker.wake = reg.wake;
+        worker.set_routes(reg.routes);
         self.box_awake(&worker.name, now);
         let heartbeat_interval_secs = worker
             .features

@@ -222,6 +222,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         FEATURE_LIFECYCLE.into(),
         protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
         protocol::FEATURE_RESPONSE_HEAD.into(),
+        protocol::binary::FEATURE_BINARY_BODIES.into(),
     ];
     features.extend(crate::worker::power::features(&shared.cfg.power));
     // Only a worker serving several relays shares its slots: with one, `register` is
@@ -241,6 +242,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
         model_info,
         wake: shared.power.wake.clone(),
+        routes: shared.cfg.routes.reported(shared.residency.kind()),
     }
 }
 

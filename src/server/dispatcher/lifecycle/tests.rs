@@ -38,6 +38,7 @@ fn join(
         backend_kind: Some("ollama".into()),
         model_info: None,
         wake: None,
+        routes: None,
     };
     d.handle(
         Event::WorkerJoined {

@@ -56,6 +56,7 @@ impl Harness {
             backend_kind: None,
             model_info: None,
             wake: None,
+            routes: None,
         };
         let remote = "127.0.0.1:1".into();
         self.d.handle(
@@ -85,6 +86,7 @@ impl Harness {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            body_encoding: None,
         });
         let event = Event::Submit {
             id,

@@ -53,6 +53,7 @@ impl H {
             backend_kind: None,
             model_info: None,
             wake: wake.then(wake_addr),
+            routes: None,
         };
         self.d.handle(
             Event::WorkerJoined {
@@ -77,6 +78,7 @@ impl H {
             is_streaming: progress,
             body: Arc::from("{}"),
             headers: Default::default(),
+            body_encoding: None,
         });
         self.d.handle(
             Event::Submit {

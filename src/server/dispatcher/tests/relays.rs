@@ -18,6 +18,7 @@ fn join_multi(h: &mut Harness, id: WorkerId, max: u32) -> Vec<Action> {
         backend_kind: None,
         model_info: None,
         wake: None,
+        routes: None,
     };
     h.ev(Event::WorkerJoined {
         id,
