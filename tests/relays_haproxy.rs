@@ -1,0 +1,249 @@
+//! Many relays behind a real load balancer: HAProxy (started by the test on loopback
+//! ports) in front of three real relay binaries, two real workers with 4 slots each and
+//! `PROXY_URL` listing all three relays, each worker with a fake backend of its own that
+//! records its highest concurrency. Under load, one relay is killed with SIGKILL.
+//!
+//! What must hold: the only requests lost are ones that were in flight on the dead relay
+//! when it died; every request sent after its death succeeds (at least 200 of them); no
+//! backend ever runs more requests at once than its worker's slots.
+//!
+//! Skipped when HAProxy is not installed (under CI it must be: `.ci/run` installs it).
+//! Nothing sleeps to synchronise: each step waits for HAProxy's, a relay's or a
+//! process's observable state.
+
+mod common;
+#[path = "../examples/support/fake_backend.rs"]
+mod fake_backend;
+#[path = "../examples/support/haproxy.rs"]
+mod haproxy;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::procs::{start_worker, Proc, ServerProc};
+use common::*;
+use fake_backend::FakeBackend;
+use parking_lot::Mutex;
+use serde_json::json;
+
+const ANSWER: &str = "one two three four";
+const SLOTS: usize = 4;
+const CLIENTS: usize = 12;
+/// Requests that must follow the kill, all answered.
+const AFTER_KILL: usize = 200;
+
+/// One request through HAProxy, as the client saw it.
+#[derive(Debug, Clone)]
+struct Outcome {
+    started: Instant,
+    ended: Instant,
+    stream: bool,
+    ok: bool,
+    /// The relay HAProxy sent it to last (`r1`...), empty when nothing answered.
+    relay: String,
+    head: String,
+}
+
+/// A chat request through HAProxy on a fresh connection, read to the end. Success is a
+/// 200 with the whole answer (a stream ending in `data: [DONE]`).
+fn chat_via(front: SocketAddr, stream: bool) -> Outcome {
+    let started = Instant::now();
+    let body = json!({"model": "m", "stream": stream, "scenario": "delay:30",
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let mut raw = Vec::new();
+    let sent = TcpStream::connect(front).and_then(|mut s| {
+        s.set_read_timeout(Some(WAIT))?;
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes())?;
+        s.write_all(body.as_bytes())?;
+        s.read_to_end(&mut raw)
+    });
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let relay = head
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case("x-relay")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    let whole = if stream {
+        rest.contains("data: [DONE]")
+    } else {
+        rest.contains("\"finish_reason\":\"stop\"")
+    };
+    Outcome {
+        started,
+        ended: Instant::now(),
+        stream,
+        ok: sent.is_ok() && head.starts_with("HTTP/1.1 200") && whole,
+        relay,
+        head: head.lines().next().unwrap_or("").to_string(),
+    }
+}
+
+fn haproxy_proc(layout: &haproxy::Layout, bin: &std::path::Path, dir: &std::path::Path) -> Proc {
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(&cfg, layout.config()).expect("write haproxy.cfg");
+    let cfg = cfg.to_string_lossy().into_owned();
+    // -db: foreground, no daemon; -W would fork a master, which Proc could not kill.
+    let bin = bin.to_string_lossy().into_owned();
+    let proc = Proc::spawn_args(&bin, &["-db", "-f", &cfg], &[]);
+    wait_until("HAProxy sees three relays up", || {
+        haproxy::all_up(&layout.stats, 3)
+    });
+    proc
+}
+
+#[test]
+fn haproxy_over_three_relays_loses_only_what_a_killed_relay_had_in_flight() {
+    let Some(bin) = haproxy::binary() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "haproxy is required under CI (.ci/run installs it)"
+        );
+        eprintln!("skipped: haproxy not installed");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("modelrelay-haproxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+
+    let mut relays: Vec<ServerProc> = (0..3).map(|_| ServerProc::start(&[])).collect();
+    let urls: Vec<String> = relays
+        .iter()
+        .map(|r| format!("http://{}", r.addr))
+        .collect();
+    let urls = urls.join(",");
+    let slots = SLOTS.to_string();
+    let backends: Vec<FakeBackend> = (0..2).map(|_| FakeBackend::new("m", ANSWER)).collect();
+    let _workers: Vec<Proc> = backends
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let addr = b.clone().spawn("127.0.0.1:0").expect("backend");
+            let name = format!("w{i}");
+            start_worker(
+                relays[0].addr,
+                addr,
+                &[
+                    ("PROXY_URL", &urls),
+                    ("MAX_CONCURRENCY", &slots),
+                    ("MODELS", "m"),
+                    ("WORKER_NAME", &name),
+                ],
+            )
+        })
+        .collect();
+    for relay in &relays {
+        relay.wait_workers(2);
+        wait_until("both workers report three relays", || {
+            let h = relay.health();
+            (h["relays"] == 3, h.to_string())
+        });
+    }
+
+    let layout = haproxy::Layout {
+        front: std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port"),
+        relays: relays.iter().map(|r| r.addr).collect(),
+        stats: dir.join("haproxy.sock"),
+    };
+    let _haproxy = haproxy_proc(&layout, &bin, &dir);
+
+    // Load: CLIENTS clients one request after another, every other one streamed.
+    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (outcomes, stop, front) = (outcomes.clone(), stop.clone(), layout.front);
+            std::thread::spawn(move || {
+                let mut n = c;
+                while !stop.load(Ordering::SeqCst) {
+                    let o = chat_via(front, n % 2 == 0);
+                    outcomes.lock().push(o);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+
+    // Under load: answers flowing, and the victim with requests of its own in flight.
+    let victim = &relays[0];
+    wait_until("load through HAProxy with the victim busy", || {
+        let done = outcomes.lock().len();
+        let h = victim.health();
+        let busy = h["in_flight"].as_u64().unwrap_or(0) > 0;
+        let sample = outcomes.lock().last().cloned();
+        (
+            done >= 60 && busy,
+            format!("{done} answered; victim {h}; last {sample:?}"),
+        )
+    });
+    let killed = Instant::now();
+    let mut victim = relays.remove(0);
+    victim.proc.signal("KILL");
+    victim.proc.wait_exit();
+    // Its sockets are closed from here on: anything sent now must succeed elsewhere.
+    let dead = Instant::now();
+    wait_until("requests sent after the kill answered", || {
+        let after = outcomes.lock().iter().filter(|o| o.started >= dead).count();
+        (after >= AFTER_KILL, format!("{after} answered"))
+    });
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.join().expect("client");
+    }
+
+    let outcomes = outcomes.lock().clone();
+    let lost: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok).collect();
+    // In flight on the dead relay: sent to it before it died, not answered before the kill.
+    let in_flight_on_dead = outcomes
+        .iter()
+        .filter(|o| o.relay == "r1" && o.started < dead && o.ended >= killed)
+        .count();
+    eprintln!(
+        "{} requests, {} lost {:?}, {} in flight on the killed relay; highest backend concurrency {:?}",
+        outcomes.len(),
+        lost.len(),
+        lost.iter().map(|o| o.head.as_str()).collect::<Vec<_>>(),
+        in_flight_on_dead,
+        backends
+            .iter()
+            .map(|b| b.stats.max_active.load(Ordering::SeqCst))
+            .collect::<Vec<_>>()
+    );
+    for o in &lost {
+        assert!(
+            o.relay == "r1" && o.started < dead && o.ended >= killed,
+            "a request lost that was not in flight on the killed relay: {o:?}"
+        );
+    }
+    assert!(lost.len() <= in_flight_on_dead);
+    let after: Vec<&Outcome> = outcomes.iter().filter(|o| o.started >= dead).collect();
+    assert!(after.len() >= AFTER_KILL);
+    assert!(
+        after.iter().all(|o| o.ok),
+        "{:?}",
+        after.iter().filter(|o| !o.ok).collect::<Vec<_>>()
+    );
+    assert!(
+        after.iter().any(|o| o.stream) && after.iter().any(|o| !o.stream),
+        "both kinds ran"
+    );
+    for (i, b) in backends.iter().enumerate() {
+        let max = b.stats.max_active.load(Ordering::SeqCst);
+        assert!(max <= SLOTS, "backend of w{i} ran {max} requests at once");
+        assert!(b.stats.requests.load(Ordering::SeqCst) > 0, "w{i} served");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
