@@ -19,6 +19,8 @@
 //!
 //! `BENCH_SECS` (default 5) sets the utilization window.
 
+#[path = "support/balanced_load.rs"]
+mod balanced_load;
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
 #[path = "support/ha_pool.rs"]
@@ -32,9 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use balanced_load::{Load, Tally};
 use fake_backend::FakeBackend;
 use ha_pool::{http, wait_for, Pool, Relay, MODEL};
-use parking_lot::Mutex;
 use serde_json::json;
 
 fn main() {
@@ -90,14 +92,6 @@ fn main() {
 
 const KILL_CLIENTS: usize = 12;
 
-/// One request through HAProxy, as its client saw it.
-struct Sent {
-    started: Instant,
-    ended: Instant,
-    ok: bool,
-    relay: String,
-}
-
 fn kill_and_restart(bin: &std::path::Path) -> Vec<(String, String)> {
     let backends = (0..2)
         .map(|_| FakeBackend::new(MODEL, "one two three"))
@@ -118,63 +112,31 @@ fn kill_and_restart(bin: &std::path::Path) -> Vec<(String, String)> {
         haproxy::all_up(&layout.stats, 3).0
     });
 
-    let sent = Arc::new(Mutex::new(Vec::<Sent>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..KILL_CLIENTS)
-        .map(|c| {
-            let (sent, stop, front) = (sent.clone(), stop.clone(), layout.front);
-            std::thread::spawn(move || {
-                let mut n = c;
-                while !stop.load(Ordering::SeqCst) {
-                    let body = json!({"model": MODEL, "stream": n % 2 == 0,
-                        "scenario": "delay:50", "messages": [{"role": "user", "content": "hi"}]});
-                    let started = Instant::now();
-                    let reply = http(
-                        front,
-                        "POST",
-                        "/v1/chat/completions",
-                        Some(&body.to_string()),
-                    );
-                    sent.lock().push(Sent {
-                        started,
-                        ended: Instant::now(),
-                        ok: reply.as_ref().is_some_and(|r| r.whole()),
-                        relay: reply
-                            .as_ref()
-                            .and_then(|r| r.header("x-relay").map(str::to_string))
-                            .unwrap_or_default(),
-                    });
-                    n += 1;
-                }
-            })
-        })
-        .collect();
+    let load = Load::start(layout.front, KILL_CLIENTS, "delay:50");
     wait_for("load through HAProxy with the first relay busy", || {
         let busy = pool.relays[0].health()["in_flight"].as_u64().unwrap_or(0) > 0;
-        sent.lock().len() >= 200 && busy
+        load.count(|_| true) >= 200 && busy
     });
     let killed = Instant::now();
     pool.relays[0].kill();
     let dead = Instant::now();
     wait_for("400 requests sent after the kill", || {
-        sent.lock().iter().filter(|s| s.started >= dead).count() >= 400
+        load.count(|s| s.started >= dead) >= 400
     });
-    stop.store(true, Ordering::SeqCst);
-    for c in clients {
-        let _ = c.join();
-    }
-    let sent = sent.lock();
-    let lost = sent.iter().filter(|s| !s.ok).count();
-    let lost_after = sent.iter().filter(|s| !s.ok && s.started >= dead).count();
-    let on_dead = sent
-        .iter()
-        .filter(|s| s.relay == "r1" && s.started < dead && s.ended >= killed)
-        .count();
+    let tally = Tally {
+        sent: load.stop(),
+        victim: "r1".into(),
+        killed,
+        dead,
+    };
+    let lost_after = tally.after().iter().filter(|s| !s.ok).count();
     let mut rows = vec![(
         "requests lost when a relay is killed under load (3 relays, HAProxy)".to_string(),
         format!(
-            "{lost} of {} ({on_dead} were in flight on the killed relay; {lost_after} lost of those sent after it died)",
-            sent.len()
+            "{} of {} ({} were in flight on the killed relay; {lost_after} lost of those sent after it died)",
+            tally.lost().len(),
+            tally.sent.len(),
+            tally.on_dead(),
         ),
     )];
 

@@ -11,85 +11,28 @@
 //! Nothing sleeps to synchronise: each step waits for HAProxy's, a relay's or a
 //! process's observable state.
 
+#[path = "../examples/support/balanced_load.rs"]
+mod balanced_load;
 mod common;
 #[path = "../examples/support/fake_backend.rs"]
 mod fake_backend;
 #[path = "../examples/support/haproxy.rs"]
 mod haproxy;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+use balanced_load::{Load, Tally};
 
 use common::procs::{start_worker, Proc, ServerProc};
 use common::*;
 use fake_backend::FakeBackend;
-use parking_lot::Mutex;
-use serde_json::json;
 
 const ANSWER: &str = "one two three four";
 const SLOTS: usize = 4;
 const CLIENTS: usize = 12;
 /// Requests that must follow the kill, all answered.
 const AFTER_KILL: usize = 200;
-
-/// One request through HAProxy, as the client saw it.
-#[derive(Debug, Clone)]
-struct Outcome {
-    started: Instant,
-    ended: Instant,
-    stream: bool,
-    ok: bool,
-    /// The relay HAProxy sent it to last (`r1`...), empty when nothing answered.
-    relay: String,
-    head: String,
-}
-
-/// A chat request through HAProxy on a fresh connection, read to the end. Success is a
-/// 200 with the whole answer (a stream ending in `data: [DONE]`).
-fn chat_via(front: SocketAddr, stream: bool) -> Outcome {
-    let started = Instant::now();
-    let body = json!({"model": "m", "stream": stream, "scenario": "delay:30",
-        "messages": [{"role": "user", "content": "hi"}]})
-    .to_string();
-    let mut raw = Vec::new();
-    let sent = TcpStream::connect(front).and_then(|mut s| {
-        s.set_read_timeout(Some(WAIT))?;
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes())?;
-        s.write_all(body.as_bytes())?;
-        s.read_to_end(&mut raw)
-    });
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let relay = head
-        .lines()
-        .find_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.eq_ignore_ascii_case("x-relay")
-                .then(|| v.trim().to_string())
-        })
-        .unwrap_or_default();
-    let whole = if stream {
-        rest.contains("data: [DONE]")
-    } else {
-        rest.contains("\"finish_reason\":\"stop\"")
-    };
-    Outcome {
-        started,
-        ended: Instant::now(),
-        stream,
-        ok: sent.is_ok() && head.starts_with("HTTP/1.1 200") && whole,
-        relay,
-        head: head.lines().next().unwrap_or("").to_string(),
-    }
-}
 
 fn haproxy_proc(layout: &haproxy::Layout, bin: &std::path::Path, dir: &std::path::Path) -> Proc {
     let cfg = dir.join("haproxy.cfg");
@@ -161,32 +104,18 @@ fn haproxy_over_three_relays_loses_only_what_a_killed_relay_had_in_flight() {
     let _haproxy = haproxy_proc(&layout, &bin, &dir);
 
     // Load: CLIENTS clients one request after another, every other one streamed.
-    let outcomes = Arc::new(Mutex::new(Vec::<Outcome>::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let (outcomes, stop, front) = (outcomes.clone(), stop.clone(), layout.front);
-            std::thread::spawn(move || {
-                let mut n = c;
-                while !stop.load(Ordering::SeqCst) {
-                    let o = chat_via(front, n % 2 == 0);
-                    outcomes.lock().push(o);
-                    n += 1;
-                }
-            })
-        })
-        .collect();
+    let load = Load::start(layout.front, CLIENTS, "delay:30");
 
     // Under load: answers flowing, and the victim with requests of its own in flight.
     let victim = &relays[0];
     wait_until("load through HAProxy with the victim busy", || {
-        let done = outcomes.lock().len();
+        let done = load.count(|_| true);
         let h = victim.health();
         let busy = h["in_flight"].as_u64().unwrap_or(0) > 0;
-        let sample = outcomes.lock().last().cloned();
+        let last = load.last();
         (
             done >= 60 && busy,
-            format!("{done} answered; victim {h}; last {sample:?}"),
+            format!("{done} answered; victim {h}; last {last:?}"),
         )
     });
     let killed = Instant::now();
@@ -196,48 +125,43 @@ fn haproxy_over_three_relays_loses_only_what_a_killed_relay_had_in_flight() {
     // Its sockets are closed from here on: anything sent now must succeed elsewhere.
     let dead = Instant::now();
     wait_until("requests sent after the kill answered", || {
-        let after = outcomes.lock().iter().filter(|o| o.started >= dead).count();
+        let after = load.count(|s| s.started >= dead);
         (after >= AFTER_KILL, format!("{after} answered"))
     });
-    stop.store(true, Ordering::SeqCst);
-    for c in clients {
-        c.join().expect("client");
-    }
-
-    let outcomes = outcomes.lock().clone();
-    let lost: Vec<&Outcome> = outcomes.iter().filter(|o| !o.ok).collect();
-    // In flight on the dead relay: sent to it before it died, not answered before the kill.
-    let in_flight_on_dead = outcomes
-        .iter()
-        .filter(|o| o.relay == "r1" && o.started < dead && o.ended >= killed)
-        .count();
+    let tally = Tally {
+        sent: load.stop(),
+        victim: "r1".into(),
+        killed,
+        dead,
+    };
+    let lost = tally.lost();
     eprintln!(
         "{} requests, {} lost {:?}, {} in flight on the killed relay; highest backend concurrency {:?}",
-        outcomes.len(),
+        tally.sent.len(),
         lost.len(),
-        lost.iter().map(|o| o.head.as_str()).collect::<Vec<_>>(),
-        in_flight_on_dead,
+        lost.iter().map(|s| s.head.as_str()).collect::<Vec<_>>(),
+        tally.on_dead(),
         backends
             .iter()
             .map(|b| b.stats.max_active.load(Ordering::SeqCst))
             .collect::<Vec<_>>()
     );
-    for o in &lost {
+    for s in &lost {
         assert!(
-            o.relay == "r1" && o.started < dead && o.ended >= killed,
-            "a request lost that was not in flight on the killed relay: {o:?}"
+            tally.was_on_dead(s),
+            "a request lost that was not in flight on the killed relay: {s:?}"
         );
     }
-    assert!(lost.len() <= in_flight_on_dead);
-    let after: Vec<&Outcome> = outcomes.iter().filter(|o| o.started >= dead).collect();
+    assert!(lost.len() <= tally.on_dead());
+    let after = tally.after();
     assert!(after.len() >= AFTER_KILL);
     assert!(
-        after.iter().all(|o| o.ok),
+        after.iter().all(|s| s.ok),
         "{:?}",
-        after.iter().filter(|o| !o.ok).collect::<Vec<_>>()
+        after.iter().filter(|s| !s.ok).collect::<Vec<_>>()
     );
     assert!(
-        after.iter().any(|o| o.stream) && after.iter().any(|o| !o.stream),
+        after.iter().any(|s| s.stream) && after.iter().any(|s| !s.stream),
         "both kinds ran"
     );
     for (i, b) in backends.iter().enumerate() {

@@ -1,13 +1,12 @@
 //! Cache affinity across relays in the dispatcher (fake clock): the prefixes a worker is
 //! told before a request, and the reports of other relays steering later turns.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use super::*;
-use crate::protocol::{RegisterMessage, RequestMessage, ResponseComplete, WorkerMessage};
-use crate::server::dispatcher::tests::dispatched;
-use crate::server::dispatcher::{wire_request_id, Config, Event, Needs, Who};
+use crate::protocol::{RegisterMessage, ResponseComplete, WorkerMessage};
+use crate::server::dispatcher::tests::{chat_submit, dispatched};
+use crate::server::dispatcher::{wire_request_id, Config, Event};
 use crate::server::fingerprint::Fingerprints;
 
 struct Harness {
@@ -57,22 +56,7 @@ impl Harness {
     }
 
     fn submit(&mut self, id: RequestId, model: &str, prints: &[u64]) -> Vec<Action> {
-        let msg = Arc::new(RequestMessage {
-            request_id: wire_request_id(id),
-            model: model.into(),
-            endpoint_path: "/v1/chat/completions".into(),
-            is_streaming: false,
-            body: Arc::from("{}"),
-            headers: Default::default(),
-        });
-        let event = Event::Submit {
-            id,
-            msg,
-            who: Who::default(),
-            needs: Needs::default(),
-            prints: Fingerprints::Prefixes(prints.into()),
-            progress: false,
-        };
+        let event = chat_submit(id, model, Fingerprints::Prefixes(prints.into()));
         self.d.handle(event, self.now)
     }
 
