@@ -33,7 +33,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha
 
 build:
 	$(CARGO) build
@@ -164,6 +164,13 @@ bench-failover:
 bench-binary:
 	$(CARGO) build --release --bins --example binary_bench
 	./target/release/examples/binary_bench
+
+# Several relays, one pool (two workers x 4 slots): requests lost when a relay is killed
+# under load behind HAProxy, seconds until a restarted relay has its workers back, slot
+# utilization with 1 vs 3 relays, busy refusals, and conversations' turns that moved box.
+bench-ha:
+	$(CARGO) build --release --bins --example ha_bench
+	./target/release/examples/ha_bench
 
 # Cache affinity with two real llama-servers (Gemma 3 270M, 2 slots each): later-turn
 # prompt tokens evaluated, latency, wall time and box shares, affinity off vs on

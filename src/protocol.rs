@@ -44,12 +44,15 @@
 //!   server sends a route only to workers that serve it (or did not say).
 //! * `wake` on `register`, `wake_peer`, `sleep_request` and `sleep_answer`: boxes that
 //!   sleep and are woken on demand; see [`power`].
+//! * `prefixes` (both ways): cache affinity across relays; see [`affinity`] (feature
+//!   [`affinity::FEATURE_AFFINITY_REPORTS`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub mod affinity;
 pub mod binary;
 pub mod lifecycle;
 mod parse;
@@ -294,6 +297,8 @@ pub enum ServerMessage {
         #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// Extension: the prefixes of the request that follows (see [`affinity`]).
+    Prefixes(affinity::PrefixNote),
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -398,6 +403,8 @@ pub enum WorkerMessage {
     Relays {
         relays: Vec<String>,
     },
+    /// Extension: prefixes another relay sent this worker (see [`affinity`]).
+    Prefixes(affinity::PrefixNote),
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),

@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "fake_active.rs"]
+mod active;
 #[path = "fake_chaos.rs"]
 pub mod chaos;
 #[path = "fake_flavours.rs"]
@@ -55,8 +57,10 @@ pub enum Observed {
 
 #[derive(Default, Debug)]
 pub struct Stats {
+    /// Requests being answered whose client is still there (see `fake_active.rs`).
     pub active: AtomicUsize,
     pub max_active: AtomicUsize,
+    counted: active::Active,
     pub requests: AtomicUsize,
     /// Set by [`FakeBackend::release`]: `hold` requests answer from then on.
     pub released: AtomicBool,
@@ -396,11 +400,11 @@ impl FakeBackend {
                 ("POST", _) => {
                     self.observe(Observed::Request(path.clone(), body.clone()));
                     self.load_for(&body);
-                    let active = self.stats.active.fetch_add(1, Ordering::SeqCst) + 1;
-                    self.stats.max_active.fetch_max(active, Ordering::SeqCst);
-                    self.stats.requests.fetch_add(1, Ordering::SeqCst);
+                    let s = &self.stats;
+                    let me = s.counted.begin(&s.active, &s.max_active, &out);
+                    s.requests.fetch_add(1, Ordering::SeqCst);
                     let ok = self.answer(&mut out, &mut reader, &body);
-                    self.stats.active.fetch_sub(1, Ordering::SeqCst);
+                    s.counted.end(&s.active, &me);
                     ok
                 }
                 _ => respond(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use super::affinity::{self, PrefixNote};
 use super::lifecycle::{
     self, ModelOperation, OperationKind, OperationState, OperationStatus, WorkerStatus,
 };
@@ -67,6 +68,7 @@ struct Raw {
     broadcast: Option<String>,
     granted: Option<bool>,
     busy: Option<bool>,
+    prefixes: Option<affinity::Bounded>,
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
@@ -188,6 +190,7 @@ impl WorkerMessage {
             "relays" => WorkerMessage::Relays {
                 relays: need(r.relays, k, "relays")?,
             },
+            "prefixes" => WorkerMessage::Prefixes(prefix_note(r, k)?),
             _ => WorkerMessage::Unknown(kind),
         })
     }
@@ -248,9 +251,17 @@ impl ServerMessage {
                 granted: need(r.granted, k, "granted")?,
                 reason: reason_text(r.reason),
             },
+            "prefixes" => ServerMessage::Prefixes(prefix_note(r, k)?),
             _ => ServerMessage::Unknown(kind),
         })
     }
+}
+
+fn prefix_note(r: Raw, k: &str) -> Result<PrefixNote, Malformed> {
+    Ok(PrefixNote {
+        model: need(r.model, k, "model")?,
+        prefixes: need(r.prefixes, k, "prefixes")?.0,
+    })
 }
 
 fn cancel_reason(text: Option<&str>) -> CancelReason {

@@ -5,8 +5,8 @@
 //! its beginning (see `dispatcher/affinity.rs` and `dispatcher/routing.rs`). Pure: body
 //! and header in, hashes out.
 //!
-//! A fingerprint is a keyed 64-bit hash (SipHash-1-3 keyed from the OS random source,
-//! one key per process) of the prompt up to a boundary: after each message of a chat
+//! A fingerprint is a keyed 64-bit hash (SipHash, see [`share_key`] for its key) of the
+//! prompt up to a boundary: after each message of a chat
 //! `messages` list (Ollama's `/api/chat` arrives here already as one), after Anthropic's
 //! top-level `system` and each of its `messages`, after the Responses `instructions` and
 //! each `input` item, and after every [`BLOCK_BYTES`] bytes of a raw `prompt`
@@ -15,8 +15,8 @@
 //! turn's prompt, so its list contains the previous turn's longest fingerprint.
 //!
 //! Only the hashes leave this module: the parsed body is dropped when it returns, and
-//! a hash cannot be turned back into the text nor, without the process's key, even be
-//! checked against a guess. Values are hashed structurally with object keys in sorted
+//! a hash cannot be turned back into the text nor, without the key, even be checked
+//! against a guess. Values are hashed structurally with object keys in sorted
 //! order and Anthropic's `cache_control` markers left out, so a client that re-encodes
 //! an earlier message differently (key order, spacing, a moved cache marker) still
 //! matches.
@@ -24,7 +24,7 @@
 //! An explicit key wins over the prompt: OpenAI's `prompt_cache_key` in the body, else
 //! the `X-Session-Id` header. Then the conversation is that key alone.
 
-use std::collections::hash_map::{DefaultHasher, RandomState};
+use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
@@ -115,10 +115,42 @@ fn explicit(key: &str) -> Option<Fingerprints> {
     Some(Fingerprints::Key(h.finish()))
 }
 
-/// The one hasher key of this process (from the OS random source, like `getrandom`).
-fn hasher() -> DefaultHasher {
-    static KEYS: OnceLock<RandomState> = OnceLock::new();
-    KEYS.get_or_init(RandomState::new).build_hasher()
+/// std's only keyed SipHash constructor (deprecated for hash tables, which is not this
+/// use): the key must be one the relays of a pool can share.
+#[allow(deprecated)]
+type Keyed = std::hash::SipHasher;
+
+static KEY: OnceLock<(u64, u64)> = OnceLock::new();
+
+/// Keys the fingerprints from the worker secret, so every relay of a pool (they share
+/// the secret) fingerprints a prompt alike and can use what the workers report of the
+/// others (`protocol/affinity.rs`). Called once at start, before any request; without
+/// a secret (or before the call) the key is random, this process's own.
+pub fn share_key(worker_secret: &str) {
+    use sha2::{Digest, Sha256};
+    if worker_secret.is_empty() {
+        return;
+    }
+    let mut d = Sha256::new();
+    d.update(b"modelrelay prompt fingerprints\0");
+    d.update(worker_secret.as_bytes());
+    let d = d.finalize();
+    let word = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&d[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    let _ = KEY.set((word(0), word(8)));
+}
+
+/// A hasher with the fingerprint key (see [`share_key`]).
+#[allow(deprecated)]
+fn hasher() -> Keyed {
+    let (k0, k1) = *KEY.get_or_init(|| {
+        let r = RandomState::new();
+        (r.hash_one(0u8), r.hash_one(1u8))
+    });
+    Keyed::new_with_keys(k0, k1)
 }
 
 /// The fields that make up a prompt; everything else in the body is skipped unparsed.
@@ -177,7 +209,7 @@ impl Probe {
 
 /// A running hash over the prompt, with the fingerprints taken so far.
 struct Walk {
-    h: DefaultHasher,
+    h: Keyed,
     /// Bytes of text hashed so far (to skip prefixes too short to matter).
     bytes: usize,
     prints: Vec<u64>,

@@ -145,6 +145,8 @@ impl ShutdownHandle {
 
 /// Binds the listener and starts the dispatcher and acceptor threads.
 pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
+    // Every relay of a pool fingerprints prompts alike (cache affinity across relays).
+    fingerprint::share_key(&cfg.worker_secret);
     // Keys and usage are kept on disk once someone can manage or read them.
     let persist = cfg.require_api_keys || cfg.admin_token.is_some();
     let store = store::Store::open(&cfg.state_dir, cfg.state_url.as_deref())

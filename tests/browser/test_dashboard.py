@@ -277,6 +277,8 @@ class Suite:
         assert cookie and cookie["httpOnly"] and cookie.get("sameSite") == "Strict", cookie
         assert self.d.execute_script("return document.cookie") == "", "the session cookie is visible to scripts"
         self.wait_text('#workers tr[data-name="demo-worker"] .slots', lambda t: t == "0 / 1", "demo-worker listed")
+        # A worker with one relay reports no others.
+        self.wait_text('#workers tr[data-name="demo-worker"] .relays', lambda t: t == "this one", "its relays column")
 
     def test_worker_appears_and_its_slots_move(self):
         self.s.start_worker("late-worker", self.s.late_backend_url, slots=2)

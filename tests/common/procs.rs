@@ -22,8 +22,14 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(bin: &str, env: &[(&str, String)]) -> Proc {
+        Proc::spawn_args(bin, &[], env)
+    }
+
+    /// [`Proc::spawn`] with command-line arguments (another program, e.g. HAProxy).
+    pub fn spawn_args(bin: &str, args: &[&str], env: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(bin);
-        cmd.env_clear()
+        cmd.args(args)
+            .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default());
         for (k, v) in env {
             cmd.env(k, v);

@@ -26,6 +26,7 @@ pub mod fair_queue;
 pub mod lifecycle;
 mod outliers;
 mod registry;
+mod relay_affinity;
 mod relays;
 mod requests;
 pub mod routing;

@@ -322,6 +322,7 @@ impl Dispatcher {
             queue_wait,
             worker: w.name.clone(),
         });
+        self.tell_prefixes(worker, id);
         self.actions
             .push(Action::ToWorker(worker, ServerMessage::Request(msg)));
     }

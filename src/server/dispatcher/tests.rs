@@ -174,6 +174,27 @@ fn ok(id: RequestId) -> ResponseComplete {
     }
 }
 
+/// A plain chat request `id` for `model` with these fingerprints, as a client submits it.
+pub(super) fn chat_submit(id: RequestId, model: &str, prints: Fingerprints) -> Event {
+    let msg = Arc::new(RequestMessage {
+        request_id: wire_request_id(id),
+        model: model.into(),
+        endpoint_path: "/v1/chat/completions".into(),
+        is_streaming: false,
+        body: Arc::from("{}"),
+        headers: Default::default(),
+        body_encoding: None,
+    });
+    Event::Submit {
+        id,
+        msg,
+        who: Who::default(),
+        needs: Needs::default(),
+        prints,
+        progress: false,
+    }
+}
+
 /// Which worker each request in `actions` was dispatched to.
 pub(super) fn dispatched(actions: &[Action]) -> Vec<(RequestId, WorkerId)> {
     actions

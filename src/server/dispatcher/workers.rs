@@ -55,6 +55,7 @@ impl Dispatcher {
             protocol::power::FEATURE_OWNER_YIELD,
             protocol::FEATURE_LOAD_REPORTS,
             protocol::FEATURE_BUSY,
+            protocol::affinity::FEATURE_AFFINITY_REPORTS,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))
@@ -241,6 +242,7 @@ impl Dispatcher {
                 in_flight,
             } => self.worker_busy(worker, &request_id, in_flight, now),
             WorkerMessage::Relays { relays } => self.worker_relays(worker, relays),
+            WorkerMessage::Prefixes(note) => self.worker_prefixes(worker, note),
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")

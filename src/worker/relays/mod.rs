@@ -8,7 +8,9 @@
 //! | `connection.rs` | dial, the WebSocket upgrade, the reconnect loop |
 //! | `backoff.rs` | how long to wait before the next dial (short toward a relay just lost) |
 //! | `session.rs` | one registered session: register, read loop, the write half |
+//! | `affinity.rs` | the prompt prefixes one relay sent, passed on to the others |
 
+pub mod affinity;
 pub mod backoff;
 pub mod connection;
 pub mod session;

@@ -109,6 +109,8 @@ pub struct Link {
     pub load_reports: bool,
     /// The relay understands `busy`: refuse its requests when every slot is taken.
     pub busy: bool,
+    /// The relay reads `prefixes` (see `relays/affinity.rs`).
+    pub affinity_reports: bool,
     /// The load this relay was last told (`register` or `load`), under the lock that
     /// orders load reports (see `relays::report_load`).
     pub load_told: Arc<parking_lot::Mutex<Option<u32>>>,
@@ -172,6 +174,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
         owner_yield: has(protocol::power::FEATURE_OWNER_YIELD),
         load_reports: has(protocol::FEATURE_LOAD_REPORTS),
         busy: has(protocol::FEATURE_BUSY),
+        affinity_reports: has(protocol::affinity::FEATURE_AFFINITY_REPORTS),
         load_told: Arc::new(parking_lot::Mutex::new(registered_load)),
     };
     shared.relays.set(relay, Some(link.clone()));
@@ -230,6 +233,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
     if shared.cfg.connect_urls.len() > 1 {
         features.push(protocol::FEATURE_LOAD_REPORTS.into());
         features.push(protocol::FEATURE_BUSY.into());
+        features.push(protocol::affinity::FEATURE_AFFINITY_REPORTS.into());
     }
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
@@ -424,6 +428,7 @@ fn serve(
             ServerMessage::SleepAnswer { granted, reason } => {
                 shared.power.sleep.answered(granted, reason)
             }
+            ServerMessage::Prefixes(note) => super::affinity::pass_on(shared, link.relay, note),
             ServerMessage::RegisterAck(_) => debug!("unexpected second register_ack; ignored"),
             ServerMessage::Unknown(kind) => {
                 debug!("server sent unknown message type `{kind}`; ignored")

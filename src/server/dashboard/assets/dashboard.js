@@ -92,7 +92,7 @@
       el('th', { scope: 'row', class: 'name' }), el('td', { class: 'backend' }), el('td', { class: 'models' }),
       el('td', { class: 'slots' }), el('td', { class: 'load' }), el('td', { class: 'heartbeat' }),
       el('td', { class: 'state' }), el('td', { class: 'protocol' }), el('td', { class: 'addr' }),
-      el('td', {}, drain));
+      el('td', { class: 'relays' }), el('td', {}, drain));
   }
 
   function short(list, n) {
@@ -117,7 +117,11 @@
     c[6].title = w.backend_reason || '';
     setText(c[7], w.protocol_version || '–');
     setText(c[8], w.remote_addr);
-    c[9].firstChild.disabled = w.draining;
+    // The relays a worker serving several is registered with (host:port of each).
+    const relays = (w.relays || []).map((u) => u.replace(/^[a-z]+:\/\//, '').replace(/\/.*$/, ''));
+    setText(c[9], relays.length ? relays.join(', ') : 'this one');
+    c[9].title = relays.length ? (w.relays || []).join('\n') : 'the worker reports no other relays';
+    c[10].firstChild.disabled = w.draining;
   }
 
   // Between snapshots (an idle relay publishes none) the clocks advance here.

@@ -2,7 +2,6 @@
 //! wins, load stays bounded, what is forgotten when, explicit keys, and the short wait
 //! for a full cached worker (and its expiry), with the queue's order untouched.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -10,11 +9,11 @@ use crate::protocol::lifecycle::{
     OperationKind, OperationState, OperationStatus, FEATURE_LIFECYCLE,
 };
 use crate::protocol::{
-    BackendState, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
+    BackendState, RegisterMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 use crate::server::dispatcher::lifecycle::OperationRequest;
-use crate::server::dispatcher::tests::dispatched;
-use crate::server::dispatcher::{wire_request_id, Action, Config, Event, Who};
+use crate::server::dispatcher::tests::{chat_submit, dispatched};
+use crate::server::dispatcher::{wire_request_id, Action, Config, Event};
 use crate::server::fingerprint::Fingerprints;
 
 const WAIT: Duration = Duration::from_millis(400);
@@ -79,24 +78,7 @@ impl Harness {
     }
 
     fn send_for(&mut self, id: RequestId, model: &str, prints: Fingerprints) -> Option<WorkerId> {
-        let msg = Arc::new(RequestMessage {
-            request_id: wire_request_id(id),
-            model: model.into(),
-            endpoint_path: "/v1/chat/completions".into(),
-            is_streaming: false,
-            body: Arc::from("{}"),
-            headers: Default::default(),
-            body_encoding: None,
-        });
-        let event = Event::Submit {
-            id,
-            msg,
-            who: Who::default(),
-            needs: Needs::default(),
-            prints,
-            progress: false,
-        };
-        let actions = self.d.handle(event, self.now);
+        let actions = self.d.handle(chat_submit(id, model, prints), self.now);
         went(&actions, id)
     }
 
