@@ -52,6 +52,8 @@ pub struct ServerConfig {
     pub allowed_origins: AllowedOrigins,
     /// What an idle box draws, for the energy sleeping saved (`IDLE_WATTS`).
     pub idle_watts: Option<f64>,
+    /// Streams that outlive a dropped connection (`RESUMABLE_STREAMS`, `RESUME_*`).
+    pub resume: super::resume::Config,
 }
 
 impl ServerConfig {
@@ -153,6 +155,12 @@ impl ServerConfig {
                 w if w.is_finite() && w > 0.0 => Some(w),
                 _ => None,
             },
+            resume: super::resume::Config {
+                default_on: s.flag_bool("resumable-streams")?,
+                grace: s.secs("resume-grace-secs", 30)?,
+                stream_bytes: s.number("resume-buffer-bytes", 1 << 20)?,
+                total_bytes: s.number("resume-total-bytes", 64 << 20)?,
+            },
         })
     }
 }
@@ -182,6 +190,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("worker_download_dir", &self.worker_download_dir)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("allowed_origins", &self.allowed_origins)
+            .field("resume", &self.resume)
             .finish()
     }
 }
