@@ -156,9 +156,9 @@ impl Held {
                     "the stream was cancelled",
                 ))
             }
-            End::Finished {
-                delivered: true, ..
-            } if last >= st.events.last_id() => {
+            // The client has the whole answer (an `EventSource` reconnects after the
+            // end by itself): told to stop.
+            End::Finished { .. } if last >= st.events.last_id() => {
                 return Err(ApiError::new(204, "stream_complete", ""));
             }
             _ => {}
