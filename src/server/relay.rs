@@ -162,7 +162,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
     let resume = (job.stream && resume::opted_in(req, ctx.resume.config()))
         .then(|| {
             ctx.resume
-                .open(&wire, resume::Owner::of(&caller), format, content_type)
+                .open(&wire, resume::Owner::of(&caller), content_type)
         })
         .flatten();
     let mut session = Session {

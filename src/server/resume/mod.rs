@@ -80,6 +80,13 @@ pub struct Owner {
 }
 
 impl Owner {
+    pub fn new(key: Option<&str>, tenant: &str) -> Owner {
+        Owner {
+            key: key.map(str::to_string),
+            tenant: Arc::from(tenant),
+        }
+    }
+
     pub fn of(caller: &Caller) -> Owner {
         Owner {
             key: caller.key_id().map(str::to_string),
@@ -116,15 +123,10 @@ impl Registry {
         &self.inner.cfg
     }
 
-    /// Starts holding a stream; `None` when the total cap leaves no room even after
+    /// Starts holding a stream with this content type; `None` when the total cap leaves no room even after
     /// forgetting finished streams (the stream then runs as one that did not opt in).
-    pub fn open(
-        &self,
-        wire: &str,
-        owner: Owner,
-        format: Format,
-        content_type: &'static str,
-    ) -> Option<Tap> {
+    pub fn open(&self, wire: &str, owner: Owner, content_type: &'static str) -> Option<Tap> {
+        let format = Format::for_content_type(content_type);
         let now = Instant::now();
         let mut streams = self.inner.streams.lock();
         self.sweep(&mut streams, now, false);

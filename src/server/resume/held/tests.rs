@@ -21,7 +21,7 @@ fn registry(stream_bytes: usize, total_bytes: usize) -> Registry {
 }
 
 fn open(reg: &Registry, wire: &str) -> Tap {
-    reg.open(wire, owner("k"), Format::Sse, "text/event-stream")
+    reg.open(wire, owner("k"), "text/event-stream")
         .expect("room for a stream")
 }
 
@@ -152,8 +152,7 @@ fn the_total_cap_bounds_all_streams_together() {
     let mut a = open(&reg, "r-a");
     let _b = open(&reg, "r-b");
     assert!(
-        reg.open("r-c", owner("k"), Format::Sse, "text/event-stream")
-            .is_none(),
+        reg.open("r-c", owner("k"), "text/event-stream").is_none(),
         "no room for a third stream: it runs as one that did not opt in"
     );
     assert!(a.lost());
@@ -163,9 +162,7 @@ fn the_total_cap_bounds_all_streams_together() {
     assert_eq!(a.due(Instant::now()), Some(BUFFER_FULL));
     drop(a);
     // An ended stream is forgotten when room is needed.
-    assert!(reg
-        .open("r-c", owner("k"), Format::Sse, "text/event-stream")
-        .is_some());
+    assert!(reg.open("r-c", owner("k"), "text/event-stream").is_some());
     assert!(reg.get("r-a").is_none());
 }
 
