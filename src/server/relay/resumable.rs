@@ -11,7 +11,7 @@ impl Session<'_, '_> {
     /// Whether the client's connection still gets the answer (a resumable stream's
     /// may have been left or taken over by a resume).
     pub(super) fn client_reads(&self) -> bool {
-        self.resume.as_ref().map_or(true, |t| t.original_reads())
+        self.resume.as_ref().is_none_or(|t| t.original_reads())
     }
 
     /// The client's connection is gone: a resumable stream that started goes on into
