@@ -183,6 +183,28 @@ fn relay(backend: &backend::Backend, env: &[(&str, &str)]) -> (ServerProc, Proc)
     (server, worker)
 }
 
+/// Starts a resumable chat with `n` events let out, reads them and drops the connection;
+/// returns the resume URL.
+fn read_then_drop(
+    server: &ServerProc,
+    backend: &backend::Backend,
+    n: usize,
+    headers: &[(&str, &str)],
+) -> String {
+    backend.gate.allow(n);
+    let mut client = Client::chat(server.addr, headers);
+    assert_eq!(client.status, 200);
+    for _ in 0..n {
+        client.next_event().expect("an event");
+    }
+    let url = client
+        .header("x-resume-url")
+        .expect("resume url")
+        .to_string();
+    client.drop_connection();
+    url
+}
+
 #[test]
 fn a_stream_dropped_ten_times_reaches_the_client_whole_and_once() {
     let backend = backend::start(EVENTS);
@@ -310,17 +332,8 @@ fn a_stream_nobody_resumes_is_cancelled_at_the_backend_after_the_grace_period() 
         &backend,
         &[("RESUME_GRACE_SECS", "2"), ("LOG_LEVEL", "debug")],
     );
-    backend.gate.allow(3);
-    let mut client = Client::chat(server.addr, &[]);
-    for _ in 0..3 {
-        client.next_event().expect("an event");
-    }
-    let url = client
-        .header("x-resume-url")
-        .expect("resume url")
-        .to_string();
     let dropped = Instant::now();
-    client.drop_connection();
+    let url = read_then_drop(&server, &backend, 3, &[]);
     let cancelled = backend
         .cancels
         .recv_timeout(grace + WAIT)
@@ -340,16 +353,7 @@ fn a_stream_nobody_resumes_is_cancelled_at_the_backend_after_the_grace_period() 
 fn assert_cap_refuses(cap: (&str, &str)) {
     let backend = backend::start(EVENTS);
     let (server, _worker) = relay(&backend, &[cap, ("LOG_LEVEL", "debug")]);
-    backend.gate.allow(2);
-    let mut client = Client::chat(server.addr, &[]);
-    for _ in 0..2 {
-        client.next_event().expect("an event");
-    }
-    let url = client
-        .header("x-resume-url")
-        .expect("resume url")
-        .to_string();
-    client.drop_connection();
+    let url = read_then_drop(&server, &backend, 2, &[]);
     server.proc.wait_line(HELD);
     backend.gate.allow(EVENTS);
     backend
@@ -395,17 +399,7 @@ fn only_the_key_that_started_a_stream_may_resume_it() {
         format!("Bearer {}", r.json()["key"].as_str().expect("key"))
     };
     let (mine, theirs) = (key("mine"), key("theirs"));
-    backend.gate.allow(2);
-    let mut client = Client::chat(server.addr, &[("authorization", &mine)]);
-    assert_eq!(client.status, 200);
-    for _ in 0..2 {
-        client.next_event().expect("an event");
-    }
-    let url = client
-        .header("x-resume-url")
-        .expect("resume url")
-        .to_string();
-    client.drop_connection();
+    let url = read_then_drop(&server, &backend, 2, &[("authorization", &mine)]);
     server.proc.wait_line(HELD);
     let other = Client::resume(server.addr, &url, 2, &[("authorization", &theirs)]);
     assert_eq!(other.status, 404);

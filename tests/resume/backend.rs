@@ -6,7 +6,7 @@
 //! each only once the test allowed it ([`Gate::allow`]), then `data: [DONE]` once N+1
 //! is allowed. While it waits it watches the connection, so a cancel is seen at once.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +14,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use serde_json::json;
+
+// The fake backend's HTTP helpers (reading a request, writing chunks).
+#[allow(dead_code)]
+#[path = "../../examples/support/fake_wire.rs"]
+mod wire;
 
 /// How far each stream may go; shared by the test and the backend.
 #[derive(Default)]
@@ -75,35 +80,25 @@ pub fn start(events: usize) -> Backend {
 fn serve(conn: TcpStream, gate: &Gate, events: usize, cancels: &Sender<Instant>) {
     let mut out = conn.try_clone().expect("clone");
     let mut reader = BufReader::new(conn);
-    while let Some(method) = read_request(&mut reader) {
+    while let Some((method, _, _)) = wire::read_request(&mut reader) {
         if method == "GET" {
-            let body = r#"{"object":"list","data":[{"id":"m"}]}"#;
-            let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                body.len()
-            );
-            if out.write_all(format!("{head}{body}").as_bytes()).is_err() {
+            let models = br#"{"object":"list","data":[{"id":"m"}]}"#;
+            if !wire::respond(&mut out, 200, "application/json", models) {
                 return;
             }
             continue;
         }
-        let head =
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-        if out.write_all(head.as_bytes()).is_err() {
+        if !wire::start_stream(&mut out) {
             return;
         }
         for n in 1..=events + 1 {
-            if !wait_allowed(gate, n, &out) {
-                let _ = cancels.send(Instant::now());
-                return;
-            }
             let data = if n <= events {
                 event(n)
             } else {
                 "data: [DONE]\n\n".to_string()
             };
-            let chunk = format!("{:x}\r\n{data}\r\n", data.len());
-            if out.write_all(chunk.as_bytes()).is_err() {
+            if !wait_allowed(gate, n, &out) || wire::write_chunk(&mut out, data.as_bytes()).is_err()
+            {
                 let _ = cancels.send(Instant::now());
                 return;
             }
@@ -142,32 +137,4 @@ fn closed(conn: &TcpStream) -> bool {
     };
     let _ = conn.set_nonblocking(false);
     closed
-}
-
-/// Reads one request head and its body; its method, `None` at EOF.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<String> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let method = line.split_whitespace().next()?.to_string();
-    let mut length = 0;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((n, v)) = l.split_once(':') {
-            if n.trim().eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(method)
 }
