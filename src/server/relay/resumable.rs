@@ -2,7 +2,7 @@
 //! its events numbered and kept, and a lost connection that holds the stream instead of
 //! cancelling it. A stream that did not opt in passes straight through [`Session::emit`].
 
-use log::debug;
+use log::info;
 
 use super::response::{self, Framing};
 use super::Session;
@@ -19,7 +19,7 @@ impl Session<'_, '_> {
     pub(super) fn hold(&mut self) -> bool {
         let held = self.framing.is_some() && self.resume.as_mut().is_some_and(|t| t.lost());
         if held {
-            debug!(
+            info!(
                 "request {}: client hung up; stream held for a resume",
                 self.wire
             );

@@ -1,9 +1,10 @@
-//! `GET /v1/streams/{request_id}`: a client resumes a held stream.
+//! `GET /v1/streams/{request_id}?resume_token=…`: a client resumes a held stream.
 //!
 //! The last event the client saw comes as `Last-Event-ID` (what `EventSource` sends by
 //! itself) or `?last_event_id=` (for NDJSON: the number of lines received); none means
 //! from the start. Same authentication as the relayed routes; the key (or, without
-//! keys, the tenant) must be the one that started the stream, else it is unknown.
+//! keys, the tenant) must be the one that started the stream, and the resume token of
+//! its `x-resume-url` (or `X-Resume-Token`) must match, else the stream is unknown.
 //!
 //! Answers `200` with the stream's content type and every event after that id, then
 //! the rest live; `204` when the client already has the whole answer (`EventSource`
@@ -14,7 +15,7 @@
 use std::io::Write;
 use std::net::IpAddr;
 
-use log::debug;
+use log::info;
 
 use super::held::{unknown, Step};
 use super::{Owner, ROUTE_PREFIX};
@@ -52,7 +53,11 @@ pub fn serve(conn: &mut Conn, ctx: &Ctx, req: &Request, peer: IpAddr) -> bool {
         Some(held) => held,
         None => return write_error(conn, Style::OpenAi, &unknown(), keep, None),
     };
-    let me = match held.attach(&Owner::of(&caller), last) {
+    let token = match req.header("x-resume-token") {
+        Some(t) => t.trim().to_string(),
+        None => req.query_param("resume_token").unwrap_or_default(),
+    };
+    let me = match held.attach(&Owner::of(&caller), &token, last) {
         Ok(me) => me,
         Err(e) if e.status == 204 => {
             let head = response::head(204, &[("x-request-id", id)], Framing::Length(0), keep);
@@ -60,7 +65,7 @@ pub fn serve(conn: &mut Conn, ctx: &Ctx, req: &Request, peer: IpAddr) -> bool {
         }
         Err(e) => return write_error(conn, Style::OpenAi, &e, keep, Some(id)),
     };
-    debug!("request {id}: resumed after event {last}");
+    info!("request {id}: resumed after event {last}");
     let framing = if req.http10 {
         Framing::UntilClose
     } else {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use subtle::ConstantTimeEq;
 
 use super::buffer::Events;
 use super::{Inner, Owner, ROUTE_PREFIX};
@@ -57,6 +58,8 @@ struct State {
 pub struct Held {
     wire: String,
     owner: Owner,
+    /// The secret a resume must present besides its key ([`super::resume_token`]).
+    token: String,
     format: Format,
     content_type: &'static str,
     state: Mutex<State>,
@@ -80,12 +83,14 @@ impl Held {
     pub(super) fn new(
         wire: &str,
         owner: Owner,
+        token: String,
         format: Format,
         content_type: &'static str,
     ) -> Held {
         Held {
             wire: wire.to_string(),
             owner,
+            token,
             format,
             content_type,
             state: Mutex::new(State {
@@ -121,10 +126,11 @@ impl Held {
         self.state.lock().events.clear()
     }
 
-    /// A resume by `owner` after event `last`: becomes the reader, or says why not.
-    /// Returns the reader's number and the last id the stream has numbered so far.
-    pub fn attach(&self, owner: &Owner, last: u64) -> Result<u64, ApiError> {
-        if *owner != self.owner {
+    /// A resume by `owner` with `token` after event `last`: becomes the reader, or
+    /// says why not. Returns the reader's number.
+    pub fn attach(&self, owner: &Owner, token: &str, last: u64) -> Result<u64, ApiError> {
+        let token_ok: bool = token.as_bytes().ct_eq(self.token.as_bytes()).into();
+        if *owner != self.owner || !token_ok {
             // The same answer as an unknown id: a stream's existence is not shown to
             // another key or tenant.
             return Err(not_found());
@@ -301,7 +307,13 @@ impl Tap {
         };
         [
             ("x-resumable", by.to_string()),
-            ("x-resume-url", format!("{ROUTE_PREFIX}{}", self.held.wire)),
+            (
+                "x-resume-url",
+                format!(
+                    "{ROUTE_PREFIX}{}?resume_token={}",
+                    self.held.wire, self.held.token
+                ),
+            ),
         ]
     }
 

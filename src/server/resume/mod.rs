@@ -95,6 +95,15 @@ impl Owner {
     }
 }
 
+/// A fresh resume token: request ids are guessable, and without API keys every
+/// anonymous client is the same owner, so a resume also needs this secret (it is part of
+/// the `x-resume-url` the stream's head gives). `None` without randomness.
+fn resume_token() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// The held streams of this relay, by wire request id.
 #[derive(Clone)]
 pub struct Registry {
@@ -123,8 +132,9 @@ impl Registry {
         &self.inner.cfg
     }
 
-    /// Starts holding a stream with this content type; `None` when the total cap leaves no room even after
-    /// forgetting finished streams (the stream then runs as one that did not opt in).
+    /// Starts holding a stream with this content type; `None` when the total cap leaves
+    /// no room even after forgetting finished streams (the stream then runs as one that
+    /// did not opt in).
     pub fn open(&self, wire: &str, owner: Owner, content_type: &'static str) -> Option<Tap> {
         let format = Format::for_content_type(content_type);
         let now = Instant::now();
@@ -141,7 +151,8 @@ impl Registry {
         self.inner
             .bytes
             .fetch_add(STREAM_OVERHEAD, Ordering::Relaxed);
-        let held = Arc::new(Held::new(wire, owner, format, content_type));
+        let token = resume_token()?;
+        let held = Arc::new(Held::new(wire, owner, token, format, content_type));
         streams.insert(wire.to_string(), held.clone());
         Some(Tap::new(held, self.inner.clone()))
     }

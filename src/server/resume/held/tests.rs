@@ -52,7 +52,7 @@ fn a_dropped_stream_is_resumed_after_the_last_event_seen_then_live() {
     assert!(tap.lost(), "held for a resume");
     assert_eq!(tap.emit(&event(3), false), None, "nobody to write to");
     // The client saw only event 1 (event 2 was lost in flight).
-    let me = held.attach(&owner("k"), 1).expect("resumes");
+    let me = held.attach(&owner("k"), &held.token, 1).expect("resumes");
     let mut sent = 1;
     let (text, step) = drain(&held, me, &mut sent);
     assert_eq!(text, "id: 2\ndata: 2\n\nid: 3\ndata: 3\n\n");
@@ -69,26 +69,41 @@ fn a_dropped_stream_is_resumed_after_the_last_event_seen_then_live() {
         "the events are freed once delivered"
     );
     // EventSource reconnects after the end with the last id: told to stop.
-    assert_eq!(held.attach(&owner("k"), 4).map_err(|e| e.status), Err(204));
-    let gone = held.attach(&owner("k"), 2).expect_err("events freed");
+    assert_eq!(
+        held.attach(&owner("k"), &held.token, 4)
+            .map_err(|e| e.status),
+        Err(204)
+    );
+    let gone = held
+        .attach(&owner("k"), &held.token, 2)
+        .expect_err("events freed");
     assert_eq!(gone.code, "resume_events_gone");
 }
 
 #[test]
-fn another_key_cannot_resume_and_sees_an_unknown_stream() {
+fn another_key_or_a_wrong_token_cannot_resume_and_sees_an_unknown_stream() {
     let reg = registry(1 << 20, 1 << 30);
     let mut tap = open(&reg, "r-1");
     tap.emit(&event(1), false);
     assert!(tap.lost());
     let held = reg.get("r-1").expect("held");
-    let e = held.attach(&owner("other"), 0).expect_err("not the owner");
+    let e = held
+        .attach(&owner("other"), &held.token, 0)
+        .expect_err("not the owner");
     assert_eq!((e.status, e.code.as_str()), (404, "stream_not_found"));
     let tenant = Owner {
         key: Some("k".into()),
         tenant: Arc::from("u"),
     };
-    assert!(held.attach(&tenant, 0).is_err(), "same key, other tenant");
-    assert!(held.attach(&owner("k"), 0).is_ok());
+    assert!(
+        held.attach(&tenant, &held.token, 0).is_err(),
+        "same key, other tenant"
+    );
+    let e = held
+        .attach(&owner("k"), "guessed", 0)
+        .expect_err("no token");
+    assert_eq!((e.status, e.code.as_str()), (404, "stream_not_found"));
+    assert!(held.attach(&owner("k"), &held.token, 0).is_ok());
 }
 
 #[test]
@@ -97,10 +112,12 @@ fn a_later_resume_takes_over_from_an_earlier_one() {
     let mut tap = open(&reg, "r-1");
     tap.emit(&event(1), false);
     let held = reg.get("r-1").expect("held");
-    let first = held.attach(&owner("k"), 0).expect("resumes");
+    let first = held.attach(&owner("k"), &held.token, 0).expect("resumes");
     assert_eq!(tap.emit(&event(2), false), None);
     assert!(!tap.original_reads(), "the original connection is replaced");
-    let second = held.attach(&owner("k"), 1).expect("resumes again");
+    let second = held
+        .attach(&owner("k"), &held.token, 1)
+        .expect("resumes again");
     let mut sent = 0;
     assert_eq!(drain(&held, first, &mut sent).1, Step::Replaced);
     let mut sent = 1;
@@ -122,7 +139,9 @@ fn past_the_stream_cap_while_nobody_reads_the_stream_is_given_up() {
     assert_eq!(tap.due(Instant::now()), Some(BUFFER_FULL));
     assert_eq!(reg.bytes(), STREAM_OVERHEAD, "the buffer is freed at once");
     let held = reg.get("r-1").expect("still known");
-    let e = held.attach(&owner("k"), 0).expect_err("refused");
+    let e = held
+        .attach(&owner("k"), &held.token, 0)
+        .expect_err("refused");
     assert_eq!((e.status, e.code.as_str()), (409, BUFFER_FULL));
 }
 
@@ -138,10 +157,12 @@ fn while_the_client_reads_the_oldest_events_make_room() {
     assert!(held.state.lock().events.charged() <= 200);
     assert!(tap.lost());
     let e = held
-        .attach(&owner("k"), 1)
+        .attach(&owner("k"), &held.token, 1)
         .expect_err("event 2 was dropped");
     assert_eq!((e.status, e.code.as_str()), (410, "resume_events_gone"));
-    let me = held.attach(&owner("k"), 49).expect("recent events kept");
+    let me = held
+        .attach(&owner("k"), &held.token, 49)
+        .expect("recent events kept");
     let mut sent = 49;
     assert_eq!(drain(&held, me, &mut sent).0, "id: 50\ndata: 50\n\n");
 }
@@ -177,12 +198,16 @@ fn nobody_resuming_within_the_grace_period_cancels() {
     assert_eq!(tap.due(Instant::now()), None);
     assert_eq!(tap.due(Instant::now() + grace), Some(GRACE_OVER));
     let held = reg.get("r-1").expect("held");
-    let me = held.attach(&owner("k"), 1).expect("resumes in time");
+    let me = held
+        .attach(&owner("k"), &held.token, 1)
+        .expect("resumes in time");
     assert_eq!(tap.due(Instant::now() + grace), None, "read again");
     held.detach(me);
     assert_eq!(tap.due(Instant::now() + grace), Some(GRACE_OVER));
     drop(tap);
-    let e = held.attach(&owner("k"), 1).expect_err("expired");
+    let e = held
+        .attach(&owner("k"), &held.token, 1)
+        .expect_err("expired");
     assert_eq!((e.status, e.code.as_str()), (404, "stream_expired"));
     assert_eq!(reg.bytes(), STREAM_OVERHEAD);
 }
@@ -193,12 +218,14 @@ fn a_stream_that_ends_without_finishing_is_cancelled_for_its_readers() {
     let mut tap = open(&reg, "r-1");
     tap.emit(&event(1), false);
     let held = reg.get("r-1").expect("held");
-    let me = held.attach(&owner("k"), 0).expect("resumes");
+    let me = held.attach(&owner("k"), &held.token, 0).expect("resumes");
     drop(tap);
     let mut sent = 0;
     let (text, step) = drain(&held, me, &mut sent);
     assert_eq!(text, "", "the buffer went with the stream");
     assert_eq!(step, Step::Ended { finished: false });
-    let e = held.attach(&owner("k"), 0).expect_err("cancelled");
+    let e = held
+        .attach(&owner("k"), &held.token, 0)
+        .expect_err("cancelled");
     assert_eq!((e.status, e.code.as_str()), (410, "stream_cancelled"));
 }
