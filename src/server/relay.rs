@@ -383,7 +383,7 @@ impl Session<'_, '_> {
         self.push_final(&mut buf, event);
         let written = self.client_reads() && self.conn.stream.write_all(&buf).is_ok();
         if let Some(tap) = &mut self.resume {
-            tap.finish(written);
+            tap.finish();
         }
         self.record(outcome);
         written && self.keep_alive && self.framing != Some(Framing::UntilClose)

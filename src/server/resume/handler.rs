@@ -89,9 +89,7 @@ pub fn serve(conn: &mut Conn, ctx: &Ctx, req: &Request, peer: IpAddr) -> bool {
             Step::Ended { finished } => {
                 response::push_end(&mut buf, framing);
                 let ok = conn.stream.write_all(&buf).is_ok();
-                if ok && finished {
-                    held.delivered(me, &ctx.resume.inner);
-                } else if !ok {
+                if !ok {
                     held.detach(me);
                 }
                 return ok && finished && keep && framing != Framing::UntilClose;

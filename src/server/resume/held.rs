@@ -23,10 +23,9 @@ use crate::server::relay::boundary::Format;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End {
     Running,
-    /// The answer is complete (`delivered`: a reader got its end, the events are freed).
+    /// The answer is complete (its events kept for the grace period).
     Finished {
         at: Instant,
-        delivered: bool,
     },
     /// Given up and cancelled; `code` says why (an outcome of the access log).
     GivenUp {
@@ -235,22 +234,6 @@ impl Held {
         }
     }
 
-    /// Reader `me` wrote the stream's end: its events are no longer needed.
-    pub(crate) fn delivered(&self, me: u64, inner: &Inner) {
-        let mut st = self.state.lock();
-        if st.reader != me {
-            return;
-        }
-        if let End::Finished { at, .. } = st.end {
-            st.end = End::Finished {
-                at,
-                delivered: true,
-            };
-            let freed = st.events.clear();
-            inner.bytes.fetch_sub(freed, Ordering::Relaxed);
-        }
-    }
-
     /// Ends the stream (if still running) and wakes every reader.
     fn end(&self, end: End, inner: &Inner) {
         let mut st = self.state.lock();
@@ -393,17 +376,12 @@ impl Tap {
         self.verdict
     }
 
-    /// The answer is complete; `delivered`: the original connection got its end.
-    pub fn finish(&mut self, delivered: bool) {
-        let at = Instant::now();
-        let end = End::Finished {
-            at,
-            delivered: false,
-        };
+    /// The answer is complete. Its events stay for the grace period even when the
+    /// end was written: a successful write is no proof the client read it (a client
+    /// that lost the last events resumes for them).
+    pub fn finish(&mut self) {
+        let end = End::Finished { at: Instant::now() };
         self.held.end(end, &self.inner);
-        if delivered {
-            self.held.delivered(0, &self.inner);
-        }
     }
 }
 
