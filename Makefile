@@ -33,7 +33,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume
 
 build:
 	$(CARGO) build
@@ -143,6 +143,10 @@ bench-usage-stream:
 bench-dashboard:
 	$(CARGO) build --release --bins --example dashboard_bench
 	./target/release/examples/dashboard_bench
+
+# What a resumable stream costs: heap per held stream and per event, time per event.
+bench-resume:
+	$(CARGO) run --release --example resume_bench
 
 # Dispatch cost with 100 / 1,000 / 10,000 queued requests across many tenants.
 bench-queue:

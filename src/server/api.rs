@@ -16,6 +16,7 @@ use super::ollama::routes as ollama;
 use super::ollama::translate::Endpoint;
 use super::relay;
 use super::reply::{self, write_error};
+use super::resume;
 use super::tenancy::identity::identify;
 use super::{dashboard, endpoints, ops, status, usage, worker_socket, Ctx};
 
@@ -128,6 +129,9 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
         ("GET", path) if path.starts_with(TASK_PREFIX) && path.len() > TASK_PREFIX.len() => {
             lifecycle::task(&mut conn, ctx, &req, &path[TASK_PREFIX.len()..])
         }
+        ("GET", path) if resume::handler::owns(path) => {
+            resume::handler::serve(&mut conn, ctx, &req, peer.ip())
+        }
         ("GET", "/admin/usage") => usage::query::serve(&mut conn, ctx, &req),
         ("GET", "/api/usage-stream") => usage::stream::serve(&mut conn, ctx, &req),
         (_, path) if path.starts_with("/admin/") => ops::admin(&mut conn, ctx, &req),
@@ -154,6 +158,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
 
 fn is_known(path: &str) -> bool {
     RELAYED_ROUTES.contains(&path)
+        || resume::handler::owns(path)
         || ollama::endpoint(path).is_some()
         || [
             "/v1/models",

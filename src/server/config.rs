@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub idle_watts: Option<f64>,
     /// More routes relayed as they are, binary-safe (`EXTRA_ROUTES`).
     pub extra_routes: Vec<&'static str>,
+    /// Streams that outlive a dropped connection (`RESUMABLE_STREAMS`, `RESUME_*`).
+    pub resume: super::resume::Config,
 }
 
 impl ServerConfig {
@@ -156,6 +158,12 @@ impl ServerConfig {
                 _ => None,
             },
             extra_routes: super::endpoints::parse_extra_routes(s.get("extra-routes"))?,
+            resume: super::resume::Config {
+                default_on: s.flag_bool("resumable-streams")?,
+                grace: s.secs("resume-grace-secs", 30)?,
+                stream_bytes: s.number("resume-buffer-bytes", 1 << 20)?,
+                total_bytes: s.number("resume-total-bytes", 64 << 20)?,
+            },
         })
     }
 }
@@ -185,6 +193,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("worker_download_dir", &self.worker_download_dir)
             .field("trusted_proxies", &self.trusted_proxies)
             .field("allowed_origins", &self.allowed_origins)
+            .field("resume", &self.resume)
             .finish()
     }
 }

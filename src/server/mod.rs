@@ -42,6 +42,7 @@ pub mod power;
 pub mod private_fs;
 pub mod relay;
 pub mod reply;
+pub mod resume;
 pub mod shared;
 pub mod status;
 pub mod store;
@@ -86,6 +87,8 @@ pub struct Ctx {
     pub governance: lifecycle::governance::Governance,
     /// The web dashboard's sessions, live feed and download checksums.
     pub dashboard: dashboard::Dashboard,
+    /// Streams held for a client to resume.
+    pub resume: resume::Registry,
     /// The TLS configuration new connections use; replaced on reload.
     #[cfg(feature = "server-tls")]
     pub tls: Option<parking_lot::RwLock<Arc<rustls::ServerConfig>>>,
@@ -193,6 +196,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         usage,
         governance,
         dashboard: dashboard::Dashboard::default(),
+        resume: resume::Registry::new(cfg.resume.clone()),
         #[cfg(feature = "server-tls")]
         tls,
         started_unix: std::time::SystemTime::now()

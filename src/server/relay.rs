@@ -28,6 +28,7 @@ use super::fingerprint;
 use super::http::request::{Conn, Request};
 use super::http::response::{self, Framing};
 use super::reply::{error_response, reject_caller};
+use super::resume;
 use super::tenancy::gate::RateHeaders;
 use super::tenancy::identity::Caller;
 use super::Ctx;
@@ -41,6 +42,7 @@ mod bounds;
 mod bytes;
 mod held;
 mod record;
+mod resumable;
 mod whole;
 
 /// How often a waiting connection checks whether its client is still there.
@@ -179,10 +181,18 @@ pub fn run_with(
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
     let who = caller.who.clone();
-    let format = job
+    let content_type = job
         .reshape
         .as_ref()
-        .map_or(Format::Sse, |r| Format::for_content_type(r.stream_type()));
+        .map_or("text/event-stream", |r| r.stream_type());
+    let format = Format::for_content_type(content_type);
+    // Resuming numbers text events; a binary answer's bytes have none to number.
+    let resume = (job.stream && !binary && resume::opted_in(req, ctx.resume.config()))
+        .then(|| {
+            ctx.resume
+                .open(&wire, resume::Owner::of(&caller), content_type)
+        })
+        .flatten();
     let mut session = Session {
         conn,
         ctx,
@@ -208,6 +218,7 @@ pub fn run_with(
         tokens: (0, 0),
         client_lags: false,
         binary: binary.then(Default::default),
+        resume,
     };
     let submit = Input::Submit {
         id,
@@ -275,15 +286,20 @@ struct Session<'a, 'r> {
     client_lags: bool,
     /// A binary route's answer (`bytes.rs`): base64 chunks, written decoded.
     binary: Option<bytes::Binary>,
+    /// A resumable stream's numbered, held events ([`resume`]); `None` for the rest.
+    resume: Option<resume::Tap>,
 }
 
 impl Session<'_, '_> {
     fn wait(&mut self, events: Receiver<ClientEvent>) -> bool {
         loop {
+            if let Some(outcome) = self.resume.as_mut().and_then(|t| t.due(Instant::now())) {
+                return self.cancel(outcome);
+            }
             let event = match events.recv_timeout(HANGUP_CHECK) {
                 Ok(event) => event,
                 Err(RecvTimeoutError::Timeout) => {
-                    if self.conn.stream.peer_closed() {
+                    if self.client_reads() && self.conn.stream.peer_closed() && !self.hold() {
                         return self.client_gone();
                     }
                     continue;
@@ -320,7 +336,7 @@ impl Session<'_, '_> {
                         .map(|c| if c.is_control() { '?' } else { c })
                         .collect();
                     let note = format!(": waking {name}\n\n");
-                    response::push_chunk(&mut buf, note.as_bytes(), framing);
+                    self.emit(&mut buf, &note, framing, false);
                 }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
@@ -344,6 +360,9 @@ impl Session<'_, '_> {
             if let Some(event) = last {
                 return self.finish_with(event, buf);
             }
+            if !self.client_reads() {
+                continue;
+            }
             if buf.len() > MAX_ANSWER_BUFFER && self.client_lags {
                 debug!(
                     "request {}: {} bytes waiting for a client that does not read",
@@ -356,6 +375,7 @@ impl Session<'_, '_> {
             match self.conn.stream.write_all(&buf) {
                 Ok(()) => self.client_lags = began.elapsed() >= SLOW_WRITE,
                 Err(e) if is_timeout(&e) => return self.cancel("client_too_slow"),
+                Err(_) if self.hold() => {}
                 Err(_) => return self.client_gone(),
             }
         }
@@ -396,7 +416,10 @@ impl Session<'_, '_> {
             _ => "completed",
         };
         self.push_final(&mut buf, event);
-        let written = self.conn.stream.write_all(&buf).is_ok();
+        let written = self.client_reads() && self.conn.stream.write_all(&buf).is_ok();
+        if let Some(tap) = &mut self.resume {
+            tap.finish();
+        }
         self.record(outcome);
         written && self.keep_alive && self.framing != Some(Framing::UntilClose)
     }
@@ -456,7 +479,8 @@ impl Session<'_, '_> {
         } else {
             Framing::Chunked
         };
-        let extra = self.relay_headers();
+        let mut extra = self.relay_headers();
+        extra.extend(self.resume.iter().flat_map(|t| t.head()));
         let content_type = self
             .reshape
             .as_ref()
@@ -502,15 +526,15 @@ impl Session<'_, '_> {
             self.first_chunk = Some(self.started.elapsed());
         }
         let ready = self.boundary.push(chunk);
-        response::push_chunk(buf, ready.as_bytes(), framing);
+        self.emit(buf, &ready, framing, false);
     }
 
     /// The normal end of a stream: the start of an unfinished last event as the backend
     /// sent it, then `tail`, then the end of the body.
     fn push_stream_end(&mut self, buf: &mut Vec<u8>, framing: Framing, tail: &str) {
         let held = self.boundary.finish();
-        response::push_chunk(buf, held.as_bytes(), framing);
-        response::push_chunk(buf, tail.as_bytes(), framing);
+        self.emit(buf, &held, framing, false);
+        self.emit(buf, tail, framing, true);
         response::push_end(buf, framing);
     }
 
@@ -524,8 +548,8 @@ impl Session<'_, '_> {
                 self.wire, cut.withheld
             );
         }
-        response::push_chunk(buf, cut.close.as_bytes(), framing);
-        response::push_chunk(buf, e.sse_event(self.style).as_bytes(), framing);
+        self.emit(buf, cut.close, framing, false);
+        self.emit(buf, &e.sse_event(self.style), framing, true);
         response::push_end(buf, framing);
     }
 
@@ -533,7 +557,7 @@ impl Session<'_, '_> {
     fn push_progress(&mut self, buf: &mut Vec<u8>, position: usize, eta_ms: u64) {
         let framing = self.open_stream(buf);
         let note = format!(": queued position={} eta_ms={eta_ms}\n\n", position + 1);
-        response::push_chunk(buf, note.as_bytes(), framing);
+        self.emit(buf, &note, framing, false);
     }
 
     fn push_final(&mut self, buf: &mut Vec<u8>, event: ClientEvent) {

@@ -296,4 +296,28 @@ pub const OPTIONS: &[Opt] = &[
         default: None,
         help: "web origins (comma list, or *) whose pages may call the relay, with CORS",
     },
+    Opt {
+        flag: "resumable-streams",
+        env: "RESUMABLE_STREAMS",
+        default: Some("off"),
+        help: "every stream is resumable after a dropped connection, not only those asking with X-Resumable: true",
+    },
+    Opt {
+        flag: "resume-grace-secs",
+        env: "RESUME_GRACE_SECS",
+        default: Some("30"),
+        help: "how long a resumable stream whose client left goes on generating before it is cancelled",
+    },
+    Opt {
+        flag: "resume-buffer-bytes",
+        env: "RESUME_BUFFER_BYTES",
+        default: Some("1048576"),
+        help: "most bytes of events kept for one resumable stream (past it while nobody reads: cancelled)",
+    },
+    Opt {
+        flag: "resume-total-bytes",
+        env: "RESUME_TOTAL_BYTES",
+        default: Some("67108864"),
+        help: "most bytes kept for all resumable streams together (past it while nobody reads: cancelled)",
+    },
 ];
