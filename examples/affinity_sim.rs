@@ -205,6 +205,7 @@ impl Sim {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            continuation: None,
         });
         let event = Event::Submit {
             id,
@@ -213,6 +214,7 @@ impl Sim {
             needs: Default::default(),
             prints: Fingerprints::Prefixes(prints.into()),
             progress: false,
+            continuable: false,
         };
         self.dispatcher.handle(event, self.t0 + self.now)
     }

@@ -71,6 +71,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            continuation: None,
         });
         let who = Who {
             tenant: tenant_names[id as usize % tenants].clone(),
@@ -85,6 +86,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
                 needs: Default::default(),
                 prints: Default::default(),
                 progress: false,
+                continuable: false,
             },
             t0,
         )

@@ -39,12 +39,15 @@
 //!   [`lifecycle`] (feature [`lifecycle::FEATURE_LIFECYCLE`]).
 //! * `wake` on `register`, `wake_peer`, `sleep_request` and `sleep_answer`: boxes that
 //!   sleep and are woken on demand; see [`power`].
+//! * `continuation` on `request`: go on with an answer another worker began; see
+//!   [`continuation`] (feature [`continuation::FEATURE_CONTINUATION`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub mod continuation;
 pub mod lifecycle;
 mod parse;
 pub mod power;
@@ -215,6 +218,10 @@ pub struct RequestMessage {
     pub body: Arc<str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: HeaderMap,
+    /// Extension: the answer began on another worker; go on from this text (sent only
+    /// to workers that listed [`continuation::FEATURE_CONTINUATION`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<continuation::Continuation>,
 }
 
 /// Why the server cancels a request (`cancel.reason`).

@@ -17,6 +17,12 @@ use super::{
     RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, TokenCounts, WorkerMessage,
 };
 
+/// `request.continuation`, read leniently (a missing prefix is an empty one).
+#[derive(Deserialize, Default)]
+struct RawContinuation {
+    prefix: Option<String>,
+}
+
 /// Every field any message may carry, all optional: one lenient pass over the JSON
 /// (no intermediate tree), then [`Raw::need`] checks what the type requires.
 #[derive(Deserialize, Default)]
@@ -42,6 +48,7 @@ struct Raw {
     is_streaming: Option<bool>,
     body: Option<String>,
     headers: Option<HeaderMap>,
+    continuation: Option<RawContinuation>,
     reason: Option<serde_json::Value>,
     timestamp_unix_ms: Option<u64>,
     drain_timeout_secs: Option<u64>,
@@ -211,6 +218,9 @@ impl ServerMessage {
                 is_streaming: r.is_streaming.unwrap_or(false),
                 body: Arc::from(r.body.unwrap_or_default()),
                 headers: r.headers.unwrap_or_default(),
+                continuation: r.continuation.map(|c| super::continuation::Continuation {
+                    prefix: c.prefix.unwrap_or_default(),
+                }),
             })),
             "cancel" => ServerMessage::Cancel {
                 request_id: need(r.request_id, k, "request_id")?,

@@ -73,6 +73,10 @@ impl RequestMessage {
             + json_string_len(&self.endpoint_path)
             + json_string_len(&self.body)
             + headers_len(&self.headers)
+            + self
+                .continuation
+                .as_ref()
+                .map_or(0, |c| json_string_len(&c.prefix))
     }
 }
 
@@ -110,6 +114,7 @@ mod tests {
             is_streaming: true,
             body: Arc::from(nasty()),
             headers: headers.clone(),
+            continuation: None,
         };
         let real = serde_json::to_string(&ServerMessage::Request(Arc::new(msg.clone())))
             .unwrap()

@@ -48,6 +48,7 @@ fn server_messages_serialize_in_the_documented_shape() {
         is_streaming: true,
         body: Arc::from("{\"model\":\"m\"}"),
         headers: HeaderMap::new(),
+        continuation: None,
     }));
     assert_eq!(
         to_json(&req),

@@ -90,6 +90,7 @@ pub fn needs(endpoint_path: &str, body: &str) -> Needs {
     Needs {
         vision: has_image_parts(body),
         embedding: endpoint_path == "/v1/embeddings",
+        continuation: false,
     }
 }
 

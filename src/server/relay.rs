@@ -20,6 +20,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::debug;
 
 use super::body::{inspect_body, BodyInfo, FORWARDED_HEADERS};
+use super::continuation::{self, Tracker};
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, RequestId};
 use super::errors::{ApiError, Style};
@@ -127,6 +128,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         is_streaming: job.stream,
         body: Arc::from(job.body),
         headers,
+        continuation: None,
     });
     if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
         return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
@@ -149,6 +151,15 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         &msg.body,
         session,
     );
+    let continuable = continuation::eligible(
+        req.header(continuation::HEADER),
+        ctx.cfg.continue_on_failure,
+        &msg.endpoint_path,
+        msg.is_streaming,
+        &msg.body,
+    );
+    // The marker comment is SSE; the NDJSON routes get none.
+    let tracker = continuable.then(|| Tracker::new(msg.clone(), job.reshape.is_none()));
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
     let who = caller.who.clone();
@@ -180,6 +191,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         status: 0,
         tokens: (0, 0),
         client_lags: false,
+        continuation: tracker,
     };
     let submit = Input::Submit {
         id,
@@ -189,6 +201,7 @@ pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Call
         prints,
         progress,
         reply,
+        continuable,
     };
     if ctx.inputs.send(submit).is_err() {
         return session.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new());
@@ -245,6 +258,8 @@ struct Session<'a, 'r> {
     /// The last write waited on the client ([`SLOW_WRITE`]): what piles up meanwhile is
     /// the client's doing, and bounded by [`MAX_ANSWER_BUFFER`].
     client_lags: bool,
+    /// A stream that may be finished on another worker ([`continuation`]).
+    continuation: Option<Tracker>,
 }
 
 impl Session<'_, '_> {
@@ -288,12 +303,14 @@ impl Session<'_, '_> {
                     let note = format!(": waking {name}\n\n");
                     response::push_chunk(&mut buf, note.as_bytes(), framing);
                 }
+                ClientEvent::Interrupted => self.interrupted(&mut buf),
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
+                            ClientEvent::Interrupted => self.interrupted(&mut buf),
                             ClientEvent::Dispatched { .. }
                             | ClientEvent::Queued { .. }
                             | ClientEvent::Head(_)
@@ -350,7 +367,11 @@ impl Session<'_, '_> {
     /// the connection may be reused.
     fn finish_with(&mut self, mut event: ClientEvent, mut buf: Vec<u8>) -> bool {
         if let ClientEvent::Complete(rc) = &mut event {
-            let held = self.held.release();
+            let mut held = self.held.release();
+            if let Some(tracker) = &mut self.continuation {
+                held.push_str(&tracker.finish());
+                tracker.fix_usage(rc);
+            }
             rc.body = Some(held + rc.body.as_deref().unwrap_or("")).filter(|b| !b.is_empty());
         }
         let outcome = match &event {
@@ -444,6 +465,17 @@ impl Session<'_, '_> {
     }
 
     fn push_chunk(&mut self, buf: &mut Vec<u8>, chunk: &str) {
+        let tracked;
+        let chunk = match &mut self.continuation {
+            Some(tracker) => {
+                tracked = tracker.pass(chunk);
+                if tracked.is_empty() {
+                    return;
+                }
+                tracked.as_ref()
+            }
+            None => chunk,
+        };
         let Some(chunk) = self.held.push(chunk) else {
             return;
         };
@@ -489,6 +521,30 @@ impl Session<'_, '_> {
         response::push_chunk(buf, cut.close.as_bytes(), framing);
         response::push_chunk(buf, e.sse_event(self.style).as_bytes(), framing);
         response::push_end(buf, framing);
+    }
+
+    /// The worker streaming this answer was lost midway and the dispatcher waits for
+    /// the request that goes on from the text delivered ([`continuation`]); `None`
+    /// ends it with the error, as before. What the lost worker left of an unfinished
+    /// event never went out (the tracker holds back partial events).
+    fn interrupted(&mut self, buf: &mut Vec<u8>) {
+        let msg = match self.continuation.as_mut().map(Tracker::interrupted) {
+            Some(Ok(msg)) if fits_one_message(&msg, self.ctx.cfg.max_ws_message_bytes).is_ok() => {
+                if let Some(framing) = self.framing {
+                    let cut = self.boundary.abandon();
+                    response::push_chunk(buf, cut.close.as_bytes(), framing);
+                }
+                Some(msg)
+            }
+            Some(Ok(_)) => None,
+            Some(Err(why)) => {
+                debug!("request {}: not continued: {why}", self.wire);
+                None
+            }
+            None => None,
+        };
+        let event = Event::Continue { id: self.id, msg };
+        let _ = self.ctx.inputs.send(Input::Event(event));
     }
 
     /// An SSE comment for a waiting stream that asked for progress (`X-Queue-Updates`).
@@ -544,7 +600,8 @@ impl Session<'_, '_> {
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
             (
                 _,
-                ClientEvent::Queued { .. }
+                ClientEvent::Interrupted
+                | ClientEvent::Queued { .. }
                 | ClientEvent::Waking { .. }
                 | ClientEvent::Dispatched { .. }
                 | ClientEvent::Head(_),

@@ -421,6 +421,7 @@ mod tests {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            continuation: None,
         })
     }
 

@@ -22,6 +22,10 @@ pub struct Needs {
     pub vision: bool,
     /// `/v1/embeddings`.
     pub embedding: bool,
+    /// It continues an answer begun elsewhere: only a worker that listed the
+    /// `continuation` feature, over a backend kind that can go on from a prefix, takes it
+    /// (see `server::continuation`).
+    pub continuation: bool,
 }
 
 impl Needs {
@@ -244,7 +248,27 @@ impl Worker {
 
     /// Whether `model` here may take a request with `needs`.
     pub fn can(&self, model: &str, needs: Needs) -> bool {
+        if needs.continuation && !self.continues() {
+            return false;
+        }
+        let needs = Needs {
+            continuation: false,
+            ..needs
+        };
         needs == Needs::default() || self.lacks(model, needs).is_none()
+    }
+
+    /// Whether this worker may take a continuation: it listed the feature, and its
+    /// backend is of a kind that goes on from an assistant prefix (an `openai` backend
+    /// may be anything, and an unknown kind may be one).
+    pub fn continues(&self) -> bool {
+        self.features
+            .iter()
+            .any(|f| f == crate::protocol::continuation::FEATURE_CONTINUATION)
+            && matches!(
+                self.backend_kind.as_deref(),
+                Some("llama-server" | "vllm" | "ollama")
+            )
     }
 
     pub fn set_models(&mut self, models: Vec<String>) {
@@ -446,7 +470,11 @@ mod tests {
 
     #[test]
     fn only_what_a_backend_can_say_is_held_against_it() {
-        let needs = |vision, embedding| Needs { vision, embedding };
+        let needs = |vision, embedding| Needs {
+            vision,
+            embedding,
+            continuation: false,
+        };
         let mut llama = worker(1, &["m"], &[("m", None, &["completion"])]);
         llama.backend_kind = Some("llama-server".into());
         assert_eq!(llama.lacks("m", needs(true, false)), Some("vision"));

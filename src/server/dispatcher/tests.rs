@@ -8,6 +8,7 @@ use crate::protocol::{
     CancelReason, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 
+mod continuation;
 mod relays;
 
 const S: Duration = Duration::from_secs(1);
@@ -79,6 +80,7 @@ impl Harness {
             is_streaming: false,
             body: Arc::from(format!("{{\"model\":\"{model}\"}}")),
             headers: Default::default(),
+            continuation: None,
         });
         self.ev(Event::Submit {
             id,
@@ -87,6 +89,7 @@ impl Harness {
             needs: Needs::default(),
             prints: Default::default(),
             progress: false,
+            continuable: false,
         })
     }
 
@@ -99,6 +102,7 @@ impl Harness {
             is_streaming: true,
             body: Arc::from("{}"),
             headers: Default::default(),
+            continuation: None,
         });
         self.ev(Event::Submit {
             id,
@@ -107,6 +111,7 @@ impl Harness {
             needs: Needs::default(),
             prints: Default::default(),
             progress: true,
+            continuable: false,
         })
     }
 
@@ -125,6 +130,7 @@ impl Harness {
             is_streaming: true,
             body: Arc::from("{\"model\":\"m\"}"),
             headers: Default::default(),
+            continuation: None,
         });
         let who = Who {
             tenant: Arc::from(tenant),
@@ -138,6 +144,7 @@ impl Harness {
             needs: Needs::default(),
             prints: Default::default(),
             progress: false,
+            continuable: false,
         })
     }
 

@@ -340,6 +340,7 @@ fn request(body: &Value, headers: &[(&str, &str)]) -> RequestMessage {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        continuation: None,
     }
 }
 

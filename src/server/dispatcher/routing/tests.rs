@@ -85,6 +85,7 @@ impl Harness {
             is_streaming: false,
             body: Arc::from("{}"),
             headers: Default::default(),
+            continuation: None,
         });
         let event = Event::Submit {
             id,
@@ -93,6 +94,7 @@ impl Harness {
             needs: Needs::default(),
             prints,
             progress: false,
+            continuable: false,
         };
         let actions = self.d.handle(event, self.now);
         went(&actions, id)

@@ -77,6 +77,7 @@ impl H {
             is_streaming: progress,
             body: Arc::from("{}"),
             headers: Default::default(),
+            continuation: None,
         });
         self.d.handle(
             Event::Submit {
@@ -86,6 +87,7 @@ impl H {
                 needs: Needs::default(),
                 prints: Default::default(),
                 progress,
+                continuable: false,
             },
             self.now,
         )
