@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -158,36 +158,6 @@ fn stream_answer(out: &mut TcpStream, backend: &Backend, body: &[u8]) -> std::io
     }
     send(out, "data: [DONE]\n\n")?;
     out.write_all(b"0\r\n\r\n")
-}
-
-/// Reads one request head and its `content-length` body; `None` at EOF.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String, Vec<u8>)> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let mut words = line.split_whitespace();
-    let method = words.next()?.to_string();
-    let path = words.next()?.to_string();
-    let mut length = 0;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((n, v)) = l.split_once(':') {
-            if n.trim().eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((method, path, body))
 }
 
 /// The relay, and two workers each over its own fake backend.

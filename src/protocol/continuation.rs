@@ -29,4 +29,8 @@ pub const FEATURE_CONTINUATION: &str = "continuation";
 pub struct Continuation {
     /// The assistant's text the client already received; the backend goes on from it.
     pub prefix: String,
+    /// The text chunks that carried it (one token each on the supported backends): the
+    /// worker takes them off the request's token limit, so the whole answer keeps it.
+    #[serde(default)]
+    pub tokens: u64,
 }

@@ -21,6 +21,7 @@ use super::{
 #[derive(Deserialize, Default)]
 struct RawContinuation {
     prefix: Option<String>,
+    tokens: Option<u64>,
 }
 
 /// Every field any message may carry, all optional: one lenient pass over the JSON
@@ -220,6 +221,7 @@ impl ServerMessage {
                 headers: r.headers.unwrap_or_default(),
                 continuation: r.continuation.map(|c| super::continuation::Continuation {
                     prefix: c.prefix.unwrap_or_default(),
+                    tokens: c.tokens.unwrap_or(0),
                 }),
             })),
             "cancel" => ServerMessage::Cancel {

@@ -114,7 +114,10 @@ mod tests {
             is_streaming: true,
             body: Arc::from(nasty()),
             headers: headers.clone(),
-            continuation: None,
+            continuation: Some(crate::protocol::continuation::Continuation {
+                prefix: nasty(),
+                tokens: 7,
+            }),
         };
         let real = serde_json::to_string(&ServerMessage::Request(Arc::new(msg.clone())))
             .unwrap()

@@ -38,6 +38,7 @@ pub use record::{record, Record};
 
 pub(crate) mod boundary;
 mod bounds;
+mod continued;
 mod held;
 mod record;
 mod whole;
@@ -521,30 +522,6 @@ impl Session<'_, '_> {
         response::push_chunk(buf, cut.close.as_bytes(), framing);
         response::push_chunk(buf, e.sse_event(self.style).as_bytes(), framing);
         response::push_end(buf, framing);
-    }
-
-    /// The worker streaming this answer was lost midway and the dispatcher waits for
-    /// the request that goes on from the text delivered ([`continuation`]); `None`
-    /// ends it with the error, as before. What the lost worker left of an unfinished
-    /// event never went out (the tracker holds back partial events).
-    fn interrupted(&mut self, buf: &mut Vec<u8>) {
-        let msg = match self.continuation.as_mut().map(Tracker::interrupted) {
-            Some(Ok(msg)) if fits_one_message(&msg, self.ctx.cfg.max_ws_message_bytes).is_ok() => {
-                if let Some(framing) = self.framing {
-                    let cut = self.boundary.abandon();
-                    response::push_chunk(buf, cut.close.as_bytes(), framing);
-                }
-                Some(msg)
-            }
-            Some(Ok(_)) => None,
-            Some(Err(why)) => {
-                debug!("request {}: not continued: {why}", self.wire);
-                None
-            }
-            None => None,
-        };
-        let event = Event::Continue { id: self.id, msg };
-        let _ = self.ctx.inputs.send(Input::Event(event));
     }
 
     /// An SSE comment for a waiting stream that asked for progress (`X-Queue-Updates`).

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::backend_kind::Kind;
+use crate::protocol::continuation::Continuation;
 use crate::protocol::{RequestMessage, WorkerMessage};
 
 /// The request to run: `req` itself, or for a continuation the same with the body
@@ -37,14 +38,16 @@ pub fn prepare(
     let kind = kind.filter(|k| *k != Kind::OpenAi).ok_or(
         "this worker's backend cannot continue an answer (kind not llama-server, vllm or ollama)",
     )?;
-    let body = backend_body(kind, &req.body, &continuation.prefix)?;
+    let body = backend_body(kind, &req.body, continuation)?;
     let mut msg = (**req).clone();
     msg.body = Arc::from(body);
     Ok(Arc::new(msg))
 }
 
-/// The backend body that goes on from `prefix` (see the module table).
-pub fn backend_body(kind: Kind, body: &str, prefix: &str) -> Result<String, String> {
+/// The backend body that goes on from the text delivered (see the module table). The
+/// token limit is what the first part left of it (at least one token).
+pub fn backend_body(kind: Kind, body: &str, delivered: &Continuation) -> Result<String, String> {
+    let prefix = delivered.prefix.as_str();
     let mut body: Value =
         serde_json::from_str(body).map_err(|_| "the request body is not JSON".to_string())?;
     let Some(object) = body.as_object_mut() else {
@@ -59,6 +62,12 @@ pub fn backend_body(kind: Kind, body: &str, prefix: &str) -> Result<String, Stri
             last["content"] = Value::String(text);
         }
         _ => messages.push(json!({"role": "assistant", "content": prefix})),
+    }
+    for limit in ["max_tokens", "max_completion_tokens"] {
+        if let Some(n) = object.get(limit).and_then(Value::as_u64) {
+            let left = n.saturating_sub(delivered.tokens).max(1);
+            object.insert(limit.into(), left.into());
+        }
     }
     if kind == Kind::Vllm {
         object.insert("continue_final_message".into(), Value::Bool(true));
@@ -177,7 +186,13 @@ impl Echo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::continuation::Continuation;
+
+    fn text(prefix: &str) -> Continuation {
+        Continuation {
+            prefix: prefix.into(),
+            tokens: 3,
+        }
+    }
 
     fn body() -> &'static str {
         r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#
@@ -186,23 +201,32 @@ mod tests {
     #[test]
     fn each_kind_gets_its_body() {
         let llama: Value =
-            serde_json::from_str(&backend_body(Kind::LlamaServer, body(), "Hel").unwrap()).unwrap();
+            serde_json::from_str(&backend_body(Kind::LlamaServer, body(), &text("Hel")).unwrap())
+                .unwrap();
         assert_eq!(
             llama["messages"][1],
             json!({"role": "assistant", "content": "Hel"})
         );
         assert!(llama.get("continue_final_message").is_none());
         let vllm: Value =
-            serde_json::from_str(&backend_body(Kind::Vllm, body(), "Hel").unwrap()).unwrap();
+            serde_json::from_str(&backend_body(Kind::Vllm, body(), &text("Hel")).unwrap()).unwrap();
         assert_eq!(vllm["continue_final_message"], true);
         assert_eq!(vllm["add_generation_prompt"], false);
-        let own =
-            r#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"A: "}]}"#;
+        let own = r#"{"max_tokens":10,"max_completion_tokens":2,
+            "messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"A: "}]}"#;
         let own: Value =
-            serde_json::from_str(&backend_body(Kind::Ollama, own, "yes").unwrap()).unwrap();
+            serde_json::from_str(&backend_body(Kind::Ollama, own, &text("yes")).unwrap()).unwrap();
         assert_eq!(own["messages"].as_array().unwrap().len(), 2);
         assert_eq!(own["messages"][1]["content"], "A: yes");
-        assert!(backend_body(Kind::Ollama, "[1]", "x").is_err());
+        // What the first part used is off the limit (at least one token is left).
+        assert_eq!(
+            (
+                own["max_tokens"].as_u64(),
+                own["max_completion_tokens"].as_u64()
+            ),
+            (Some(7), Some(1))
+        );
+        assert!(backend_body(Kind::Ollama, "[1]", &text("x")).is_err());
         let req = Arc::new(RequestMessage {
             request_id: "r".into(),
             model: "m".into(),
@@ -210,7 +234,7 @@ mod tests {
             is_streaming: true,
             body: Arc::from(body()),
             headers: Default::default(),
-            continuation: Some(Continuation { prefix: "x".into() }),
+            continuation: Some(text("x")),
         });
         assert!(prepare(&req, Some(Kind::OpenAi)).is_err());
         assert!(prepare(&req, None).is_err());

@@ -184,6 +184,7 @@ impl Tracker {
         let mut msg = (*self.original).clone();
         msg.continuation = Some(Continuation {
             prefix: self.text.clone(),
+            tokens: self.parts,
         });
         self.parts_before = self.parts;
         self.phase = Phase::Continuing { marked: false };

@@ -85,6 +85,7 @@ fn a_continuation_is_spliced_into_the_original_answer() {
     assert_eq!(t.pass("data: {\"id\":\"a\",\"cho"), "");
     let msg = t.interrupted().expect("continuable");
     assert_eq!(msg.continuation.as_ref().unwrap().prefix, "Hello");
+    assert_eq!(msg.continuation.as_ref().unwrap().tokens, 2);
     assert_eq!(msg.request_id, "r-1");
     // The other worker's answer: its own id, a role chunk, then the rest.
     let role2 = event(

@@ -127,6 +127,8 @@ impl Dispatcher {
             return self.maybe_finish_shutdown();
         };
         req.msg = msg;
+        // Its stream is under way: no queue notes in the middle of the answer.
+        req.progress = false;
         self.enqueue(id, now);
         self.fill_all(now);
     }

@@ -56,6 +56,7 @@ fn continuing(id: RequestId, prefix: &str) -> Option<Arc<RequestMessage>> {
     let mut msg = (*original(id)).clone();
     msg.continuation = Some(Continuation {
         prefix: prefix.into(),
+        tokens: 1,
     });
     Some(Arc::new(msg))
 }
