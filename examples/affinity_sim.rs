@@ -207,6 +207,7 @@ impl Sim {
             body: Arc::from("{}"),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         });
         let event = Event::Submit {
             id,
@@ -215,6 +216,7 @@ impl Sim {
             needs: Default::default(),
             prints: Fingerprints::Prefixes(prints.into()),
             progress: false,
+            continuable: false,
         };
         self.dispatcher.handle(event, self.t0 + self.now)
     }

@@ -73,6 +73,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
             body: Arc::from("{}"),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         });
         let who = Who {
             tenant: tenant_names[id as usize % tenants].clone(),
@@ -87,6 +88,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
                 needs: Default::default(),
                 prints: Default::default(),
                 progress: false,
+                continuable: false,
             },
             t0,
         )

@@ -46,6 +46,8 @@
 //!   sleep and are woken on demand; see [`power`].
 //! * `prefixes` (both ways): cache affinity across relays; see [`affinity`] (feature
 //!   [`affinity::FEATURE_AFFINITY_REPORTS`]).
+//! * `continuation` on `request`: go on with an answer another worker began; see
+//!   [`continuation`] (feature [`continuation::FEATURE_CONTINUATION`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -54,6 +56,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod affinity;
 pub mod binary;
+pub mod continuation;
 pub mod lifecycle;
 mod parse;
 pub mod power;
@@ -231,6 +234,10 @@ pub struct RequestMessage {
     /// Extension ([`binary`]): `"base64"` when `body` and the answer are base64.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_encoding: Option<String>,
+    /// Extension: the answer began on another worker; go on from this text (sent only
+    /// to workers that listed [`continuation::FEATURE_CONTINUATION`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<continuation::Continuation>,
 }
 
 /// Why the server cancels a request (`cancel.reason`).

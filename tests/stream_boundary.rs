@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 
@@ -56,7 +56,7 @@ fn scripted_backend(script: Script) -> SocketAddr {
 fn serve(conn: TcpStream, script: &Script) {
     let mut out = conn.try_clone().expect("clone");
     let mut reader = BufReader::new(conn);
-    while let Some((method, path)) = read_request(&mut reader) {
+    while let Some((method, path, _)) = read_request(&mut reader) {
         if method == "GET" {
             let (status, body) = match path.as_str() {
                 "/v1/models" => (200, r#"{"object":"list","data":[{"id":"m"}]}"#),
@@ -87,36 +87,6 @@ fn serve(conn: TcpStream, script: &Script) {
         }
         return;
     }
-}
-
-/// Reads one request head and its `content-length` body; `None` at EOF.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String)> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let mut words = line.split_whitespace();
-    let method = words.next()?.to_string();
-    let path = words.next()?.to_string();
-    let mut length = 0;
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((n, v)) = l.split_once(':') {
-            if n.trim().eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((method, path))
 }
 
 /// A real server and a real worker in front of `script`.

@@ -18,6 +18,13 @@ use super::{
     RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, TokenCounts, WorkerMessage,
 };
 
+/// `request.continuation`, read leniently (a missing prefix is an empty one).
+#[derive(Deserialize, Default)]
+struct RawContinuation {
+    prefix: Option<String>,
+    tokens: Option<u64>,
+}
+
 /// Every field any message may carry, all optional: one lenient pass over the JSON
 /// (no intermediate tree), then [`Raw::need`] checks what the type requires.
 #[derive(Deserialize, Default)]
@@ -45,6 +52,7 @@ struct Raw {
     body: Option<String>,
     body_encoding: Option<String>,
     headers: Option<HeaderMap>,
+    continuation: Option<RawContinuation>,
     reason: Option<serde_json::Value>,
     timestamp_unix_ms: Option<u64>,
     drain_timeout_secs: Option<u64>,
@@ -218,6 +226,10 @@ impl ServerMessage {
                 body: Arc::from(r.body.unwrap_or_default()),
                 headers: r.headers.unwrap_or_default(),
                 body_encoding: r.body_encoding,
+                continuation: r.continuation.map(|c| super::continuation::Continuation {
+                    prefix: c.prefix.unwrap_or_default(),
+                    tokens: c.tokens.unwrap_or(0),
+                }),
             })),
             "cancel" => ServerMessage::Cancel {
                 request_id: need(r.request_id, k, "request_id")?,

@@ -73,6 +73,10 @@ impl RequestMessage {
             + json_string_len(&self.endpoint_path)
             + json_string_len(&self.body)
             + headers_len(&self.headers)
+            + self
+                .continuation
+                .as_ref()
+                .map_or(0, |c| json_string_len(&c.prefix))
     }
 }
 
@@ -111,6 +115,10 @@ mod tests {
             body: Arc::from(nasty()),
             headers: headers.clone(),
             body_encoding: None,
+            continuation: Some(crate::protocol::continuation::Continuation {
+                prefix: nasty(),
+                tokens: 7,
+            }),
         };
         let real = serde_json::to_string(&ServerMessage::Request(Arc::new(msg.clone())))
             .unwrap()

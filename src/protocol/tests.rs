@@ -49,6 +49,7 @@ fn server_messages_serialize_in_the_documented_shape() {
         body: Arc::from("{\"model\":\"m\"}"),
         headers: HeaderMap::new(),
         body_encoding: None,
+        continuation: None,
     }));
     assert_eq!(
         to_json(&req),
@@ -200,4 +201,40 @@ fn versions() {
     assert!(is_supported_version(Some("1")));
     assert!(is_supported_version(Some("2026-04-bridge-v1")));
     assert!(!is_supported_version(Some("2")));
+}
+
+#[test]
+fn a_continuation_travels_on_request_and_an_old_request_has_none() {
+    let mut msg = RequestMessage {
+        request_id: "r-3".into(),
+        model: "m".into(),
+        endpoint_path: "/v1/chat/completions".into(),
+        is_streaming: true,
+        body: Arc::from("{}"),
+        headers: HeaderMap::new(),
+        body_encoding: None,
+        continuation: Some(super::continuation::Continuation {
+            prefix: "Once upon".into(),
+            tokens: 2,
+        }),
+    };
+    let text = to_json(&ServerMessage::Request(Arc::new(msg.clone())));
+    assert!(text.ends_with(r#""continuation":{"prefix":"Once upon","tokens":2}}"#));
+    assert_eq!(
+        ServerMessage::parse(&text),
+        Ok(ServerMessage::Request(Arc::new(msg.clone())))
+    );
+    // Lenient: a missing count is zero; a request without it is an ordinary one.
+    let bare = text.replace(r#","tokens":2"#, "");
+    match ServerMessage::parse(&bare) {
+        Ok(ServerMessage::Request(r)) => assert_eq!(r.continuation.as_ref().unwrap().tokens, 0),
+        other => panic!("{other:?}"),
+    }
+    msg.continuation = None;
+    let old = to_json(&ServerMessage::Request(Arc::new(msg.clone())));
+    assert!(!old.contains("continuation"));
+    assert_eq!(
+        ServerMessage::parse(&old),
+        Ok(ServerMessage::Request(Arc::new(msg)))
+    );
 }

@@ -40,6 +40,9 @@ pub struct ServerConfig {
     pub metrics_max_tenants: usize,
     /// `moe-<model>` on `/v1/chat/completions` runs the ensemble (`MOE_ENABLED`).
     pub moe_enabled: bool,
+    /// Streamed chat answers whose worker dies are finished on another worker unless
+    /// the request says otherwise (`CONTINUE_ON_FAILURE`; see `server::continuation`).
+    pub continue_on_failure: bool,
     /// Who may load, unload and flush (admin token, op tokens).
     pub governance: governance::Config,
     /// How browsers and workers reach us (`PUBLIC_URL`, no trailing slash).
@@ -146,6 +149,7 @@ impl ServerConfig {
             .map_err(ConfigError)?,
             metrics_max_tenants: s.number("metrics-max-tenants", 100)?,
             moe_enabled: moe_enabled(s)?,
+            continue_on_failure: s.flag_bool("continue-on-failure")?,
             governance: governance_config(s)?,
             public_url: public_url(s)?,
             worker_download_dir: s.get("worker-download-dir").map(Into::into),
@@ -188,6 +192,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("tenancy", &self.tenancy)
             .field("metrics_max_tenants", &self.metrics_max_tenants)
             .field("moe_enabled", &self.moe_enabled)
+            .field("continue_on_failure", &self.continue_on_failure)
             .field("governance", &self.governance)
             .field("public_url", &self.public_url)
             .field("worker_download_dir", &self.worker_download_dir)

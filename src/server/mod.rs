@@ -18,6 +18,7 @@ pub mod auth;
 pub mod body;
 pub mod client_ip;
 pub mod config;
+pub mod continuation;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
 #[cfg(not(feature = "dashboard"))]

@@ -326,6 +326,7 @@ impl Parts<'_> {
             body,
             headers: self.headers.clone(),
             body_encoding: None,
+            continuation: None,
         });
         let submit = Input::Submit {
             id,
@@ -337,6 +338,7 @@ impl Parts<'_> {
             who: self.caller.who.clone(),
             progress: false,
             reply,
+            continuable: false,
         };
         if self.ctx.inputs.send(submit).is_err() {
             self.fail(&mut part, &Failure::ShuttingDown);
@@ -350,7 +352,11 @@ impl Parts<'_> {
                 part.queue_wait = Some(queue_wait);
                 part.worker = Some(worker);
             }
-            ClientEvent::Queued { .. } | ClientEvent::Head(_) | ClientEvent::Waking { .. } => {}
+            // Never continuable (it is not submitted as such): no `Interrupted` comes.
+            ClientEvent::Queued { .. }
+            | ClientEvent::Head(_)
+            | ClientEvent::Waking { .. }
+            | ClientEvent::Interrupted => {}
             ClientEvent::Chunk(chunk) => {
                 part.first_chunk
                     .get_or_insert_with(|| part.started.elapsed());

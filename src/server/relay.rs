@@ -20,6 +20,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use log::debug;
 
 use super::body::{inspect_body, BodyInfo, FORWARDED_HEADERS};
+use super::continuation::{self, Tracker};
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, Needs, RequestId};
 use super::endpoints::Spec;
@@ -40,6 +41,7 @@ pub use record::{record, Record};
 pub(crate) mod boundary;
 mod bounds;
 mod bytes;
+mod continued;
 mod held;
 mod record;
 mod resumable;
@@ -148,6 +150,7 @@ pub fn run_with(
         body: Arc::from(job.body),
         headers,
         body_encoding: binary.then(|| crate::protocol::binary::BASE64.to_string()),
+        continuation: None,
     });
     if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
         return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
@@ -178,6 +181,15 @@ pub fn run_with(
         &msg.body,
         session,
     );
+    let continuable = continuation::eligible(
+        req.header(continuation::HEADER),
+        ctx.cfg.continue_on_failure,
+        &msg.endpoint_path,
+        msg.is_streaming,
+        &msg.body,
+    );
+    // The marker comment is SSE; the NDJSON routes get none.
+    let tracker = continuable.then(|| Tracker::new(msg.clone(), job.reshape.is_none()));
     let (reply, events) = crossbeam_channel::unbounded();
     let _active = ctx.shared.relay_started();
     let who = caller.who.clone();
@@ -219,6 +231,7 @@ pub fn run_with(
         client_lags: false,
         binary: binary.then(Default::default),
         resume,
+        continuation: tracker,
     };
     let submit = Input::Submit {
         id,
@@ -228,6 +241,7 @@ pub fn run_with(
         prints,
         progress,
         reply,
+        continuable,
     };
     if ctx.inputs.send(submit).is_err() {
         return session.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new());
@@ -288,6 +302,8 @@ struct Session<'a, 'r> {
     binary: Option<bytes::Binary>,
     /// A resumable stream's numbered, held events ([`resume`]); `None` for the rest.
     resume: Option<resume::Tap>,
+    /// A stream that may be finished on another worker ([`continuation`]).
+    continuation: Option<Tracker>,
 }
 
 impl Session<'_, '_> {
@@ -338,12 +354,14 @@ impl Session<'_, '_> {
                     let note = format!(": waking {name}\n\n");
                     self.emit(&mut buf, &note, framing, false);
                 }
+                ClientEvent::Interrupted => self.interrupted(&mut buf),
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
                     while let Ok(more) = events.try_recv() {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
+                            ClientEvent::Interrupted => self.interrupted(&mut buf),
                             ClientEvent::Dispatched { .. }
                             | ClientEvent::Queued { .. }
                             | ClientEvent::Head(_)
@@ -404,7 +422,11 @@ impl Session<'_, '_> {
     /// the connection may be reused.
     fn finish_with(&mut self, mut event: ClientEvent, mut buf: Vec<u8>) -> bool {
         if let ClientEvent::Complete(rc) = &mut event {
-            let held = self.held.release();
+            let mut held = self.held.release();
+            if let Some(tracker) = &mut self.continuation {
+                held.push_str(&tracker.finish());
+                tracker.fix_usage(rc);
+            }
             rc.body = Some(held + rc.body.as_deref().unwrap_or("")).filter(|b| !b.is_empty());
         }
         let outcome = match &event {
@@ -506,6 +528,17 @@ impl Session<'_, '_> {
             self.push_binary_chunk(buf, chunk);
             return;
         }
+        let tracked;
+        let chunk = match &mut self.continuation {
+            Some(tracker) => {
+                tracked = tracker.pass(chunk);
+                if tracked.is_empty() {
+                    return;
+                }
+                tracked.as_ref()
+            }
+            None => chunk,
+        };
         let Some(chunk) = self.held.push(chunk) else {
             return;
         };
@@ -609,7 +642,8 @@ impl Session<'_, '_> {
             (_, ClientEvent::Chunk(chunk)) => self.push_chunk(buf, &chunk),
             (
                 _,
-                ClientEvent::Queued { .. }
+                ClientEvent::Interrupted
+                | ClientEvent::Queued { .. }
                 | ClientEvent::Waking { .. }
                 | ClientEvent::Dispatched { .. }
                 | ClientEvent::Head(_),

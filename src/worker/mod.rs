@@ -20,6 +20,7 @@
 pub mod backend;
 pub mod backend_kind;
 pub mod config;
+pub mod continuation;
 pub mod health;
 pub mod inflight;
 pub mod lifecycle;

@@ -17,6 +17,7 @@ use log::{error, info, warn};
 use parking_lot::Mutex;
 
 use super::backend::{fresh_agent, Outcome, UNAVAILABLE_BODY_CHARS};
+use super::continuation;
 use super::health;
 use super::inflight::{Handle, Refused};
 use super::relays;
@@ -150,11 +151,21 @@ fn run_slot(shared: &Shared) {
 }
 
 fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
+    // A continuation gets the body its backend's kind needs ([`continuation`]).
+    let kind = shared.residency.kind();
+    let (job, refused) = match continuation::prepare(&job.req, kind) {
+        Ok(req) => (Job { req, ..job }, None),
+        Err(why) => (job, Some(why)),
+    };
     let id = job.req.request_id.as_str();
-    let (report, answered) = match shared.health.down_reason() {
+    let (report, answered) = match (shared.health.down_reason(), refused) {
+        (_, Some(why)) => (
+            Some(Report::retryable("continuation_unsupported", why, 502)),
+            false,
+        ),
         // The server has not heard yet (or, an original server, still had the request
         // queued): refuse at once, without touching the backend, so it can run elsewhere.
-        Some(reason) => (
+        (Some(reason), None) => (
             Some(Report::retryable(
                 "backend_unreachable",
                 format!("backend is down: {reason}"),
@@ -162,8 +173,18 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
             )),
             false,
         ),
-        None => {
-            let outcome = forward(shared, agent, &job);
+        (None, None) => {
+            let (outcome, echo_refused) = forward(shared, agent, &job);
+            if echo_refused {
+                let why = "the backend did not continue the answer (llama-server continues \
+                           an assistant prefill only with a jinja chat template)";
+                warn!("request {id} refused: {why}");
+                let report = Report::retryable("continuation_unsupported", why.into(), 502);
+                shared.inflight.remove(job.relay, id);
+                relays::report_load(shared);
+                job.out.send(&report.into_message(id));
+                return;
+            }
             let answered = !matches!(outcome, Outcome::Unreachable(_));
             if let Outcome::Unreachable(e) = &outcome {
                 // Before the error, so the server stops routing here before it retries.
@@ -186,10 +207,24 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
     }
 }
 
-/// Runs the request against the backend; a cancelled agent is replaced.
-fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
+/// Runs the request against the backend; a cancelled agent is replaced. True with the
+/// outcome: a continuation the backend did not continue (see [`continuation::Echo`]).
+fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> (Outcome, bool) {
     let head = job.response_head;
+    let mut echo = continuation::Echo::for_request(&job.req, shared.residency.kind());
     let mut emit = |msg: WorkerMessage| {
+        let msg = match &mut echo {
+            Some(echo) => match echo.filter(msg) {
+                Some(msg) => msg,
+                None => {
+                    if echo.refused() {
+                        job.handle.cancel();
+                    }
+                    return;
+                }
+            },
+            None => msg,
+        };
         // A server that did not ask for `response_head` is not sent one.
         if head || !matches!(msg, WorkerMessage::ResponseHead { .. }) {
             job.out.send(&msg);
@@ -217,7 +252,7 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> Outcome {
         // A cancelled agent is shut down for good.
         *agent = fresh_agent();
     }
-    outcome
+    (outcome, echo.is_some_and(|e| e.refused()))
 }
 
 /// An `error` for one request.

@@ -565,3 +565,33 @@ pub fn openai_answer(content: &str) -> String {
     })
     .to_string()
 }
+
+/// A scripted backend's side: reads one request head and its `content-length` body; `None` at EOF.
+pub fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String, Vec<u8>)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let mut words = line.split_whitespace();
+    let method = words.next()?.to_string();
+    let path = words.next()?.to_string();
+    let mut length = 0;
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((n, v)) = l.split_once(':') {
+            if n.trim().eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((method, path, body))
+}

@@ -231,6 +231,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "how long a request may wait for its full cached worker before going elsewhere (0: never)",
     },
     Opt {
+        flag: "continue-on-failure",
+        env: "CONTINUE_ON_FAILURE",
+        default: Some("off"),
+        help: "on or off: when a worker dies (or its backend fails) midway through a streamed chat answer, finish the answer on another worker from the text already sent; a request may choose with `X-Continue-On-Failure: true|false`",
+    },
+    Opt {
         flag: "moe-enabled",
         env: "MOE_ENABLED",
         default: Some("false"),

@@ -422,6 +422,7 @@ mod tests {
             body: Arc::from("{}"),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         })
     }
 

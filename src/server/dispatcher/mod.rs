@@ -19,9 +19,11 @@
 //! | `routing.rs` | which worker takes a request: one ranked choice (capability, health, loaded model, cache affinity, least load, round robin) |
 //! | `affinity.rs` | which prompt prefixes each worker was sent lately (bounded LRU) |
 //! | `sleepers.rs` | sleeping boxes: whom to wake for a request, when to give up |
+//! | `continuation.rs` | a streamed answer whose worker died, finished on another one |
 //! | `registry.rs`, `stats.rs` | the other data it owns |
 
 pub mod affinity;
+mod continuation;
 pub mod fair_queue;
 pub mod lifecycle;
 mod outliers;
@@ -166,6 +168,15 @@ pub enum Event {
         prints: Fingerprints,
         /// Send [`ClientEvent::Queued`] about once a second while it waits.
         progress: bool,
+        /// A streamed answer that may be finished on another worker when its own dies
+        /// ([`ClientEvent::Interrupted`]).
+        continuable: bool,
+    },
+    /// The client's answer to [`ClientEvent::Interrupted`]: the request that goes on
+    /// from the text delivered (`continuation` set), or `None` when it cannot.
+    Continue {
+        id: RequestId,
+        msg: Option<Arc<RequestMessage>>,
     },
     /// The client hung up before its answer was complete.
     ClientGone(RequestId),
@@ -225,6 +236,9 @@ pub enum ClientEvent {
     Waking { worker: String },
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
+    /// The worker streaming a continuable answer died (or its backend failed) midway;
+    /// the request waits for the client's [`Event::Continue`]. Not final.
+    Interrupted,
     /// The worker finished; final.
     Complete(ResponseComplete),
     /// The request failed; final.
@@ -382,6 +396,10 @@ struct Request {
     untold_dispatch: Option<ClientEvent>,
     /// The sleeping box it waits for (its queue deadline then is the wake's).
     waking_for: Option<String>,
+    /// May be finished on another worker if its stream breaks (see `continuation.rs`).
+    continuable: bool,
+    /// Interrupted: waiting for [`Event::Continue`] (queued, but not in the queue).
+    interrupted: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,7 +543,12 @@ impl Dispatcher {
                 needs,
                 prints,
                 progress,
-            } => self.submit(id, msg, who, needs, prints, progress, now),
+                continuable,
+            } => {
+                self.submit(id, msg, who, needs, prints, progress, now);
+                self.mark_continuable(id, continuable);
+            }
+            Event::Continue { id, msg } => self.continue_with(id, msg, now),
             Event::ClientGone(id) => self.client_gone(id, now),
             Event::WorkerJoined {
                 id,

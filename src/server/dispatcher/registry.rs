@@ -30,6 +30,10 @@ pub struct Needs {
     pub binary: bool,
     /// A relayed route beyond chat: only workers serving it (or not saying) take it.
     pub route: Option<&'static str>,
+    /// It continues an answer begun elsewhere: only a worker that listed the
+    /// `continuation` feature, over a backend kind that can go on from a prefix, takes it
+    /// (see `server::continuation`).
+    pub continuation: bool,
 }
 
 impl Needs {
@@ -275,6 +279,13 @@ impl Worker {
 
     /// Whether `model` here may take a request with `needs`.
     pub fn can(&self, model: &str, needs: Needs) -> bool {
+        if needs.continuation && !self.continues() {
+            return false;
+        }
+        let needs = Needs {
+            continuation: false,
+            ..needs
+        };
         needs == Needs::default() || self.lacks(model, needs).is_none()
     }
 
@@ -287,6 +298,19 @@ impl Worker {
                 .take(MAX_ROUTES)
                 .collect()
         });
+    }
+
+    /// Whether this worker may take a continuation: it listed the feature, and its
+    /// backend is of a kind that goes on from an assistant prefix (an `openai` backend
+    /// may be anything, and an unknown kind may be one).
+    pub fn continues(&self) -> bool {
+        self.features
+            .iter()
+            .any(|f| f == crate::protocol::continuation::FEATURE_CONTINUATION)
+            && matches!(
+                self.backend_kind.as_deref(),
+                Some("llama-server" | "vllm" | "ollama")
+            )
     }
 
     pub fn set_models(&mut self, models: Vec<String>) {

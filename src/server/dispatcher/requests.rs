@@ -72,6 +72,8 @@ impl Dispatcher {
             timer_at: queue_deadline,
             untold_dispatch: None,
             waking_for: None,
+            continuable: false,
+            interrupted: false,
         };
         let (worker, verdict) = match self.route(&request) {
             Route::Go(worker, verdict) => (Some(worker), verdict),

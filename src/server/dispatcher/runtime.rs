@@ -33,6 +33,8 @@ pub enum Input {
         /// Prompt-prefix fingerprints for cache affinity (`server/fingerprint.rs`).
         prints: crate::server::fingerprint::Fingerprints,
         progress: bool,
+        /// See [`Event::Submit`].
+        continuable: bool,
         reply: Sender<ClientEvent>,
     },
     WorkerJoined {
@@ -263,6 +265,7 @@ fn route_input(
             needs,
             prints,
             progress,
+            continuable,
             reply,
         } => {
             clients.insert(id, reply);
@@ -273,6 +276,7 @@ fn route_input(
                 needs,
                 prints,
                 progress,
+                continuable,
             }
         }
         Input::WorkerJoined {

@@ -8,6 +8,7 @@ use crate::protocol::{
     CancelReason, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 
+mod continuation;
 mod relays;
 mod routes;
 
@@ -82,6 +83,7 @@ impl Harness {
             body: Arc::from(format!("{{\"model\":\"{model}\"}}")),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         });
         self.ev(Event::Submit {
             id,
@@ -90,6 +92,7 @@ impl Harness {
             needs: Needs::default(),
             prints: Default::default(),
             progress: false,
+            continuable: false,
         })
     }
 
@@ -103,6 +106,7 @@ impl Harness {
             body: Arc::from("{}"),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         });
         self.ev(Event::Submit {
             id,
@@ -111,6 +115,7 @@ impl Harness {
             needs: Needs::default(),
             prints: Default::default(),
             progress: true,
+            continuable: false,
         })
     }
 
@@ -130,6 +135,7 @@ impl Harness {
             body: Arc::from("{\"model\":\"m\"}"),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         });
         let who = Who {
             tenant: Arc::from(tenant),
@@ -143,6 +149,7 @@ impl Harness {
             needs: Needs::default(),
             prints: Default::default(),
             progress: false,
+            continuable: false,
         })
     }
 
@@ -184,6 +191,7 @@ pub(super) fn chat_submit(id: RequestId, model: &str, prints: Fingerprints) -> E
         body: Arc::from("{}"),
         headers: Default::default(),
         body_encoding: None,
+        continuation: None,
     });
     Event::Submit {
         id,
@@ -192,6 +200,7 @@ pub(super) fn chat_submit(id: RequestId, model: &str, prints: Fingerprints) -> E
         needs: Needs::default(),
         prints,
         progress: false,
+        continuable: false,
     }
 }
 

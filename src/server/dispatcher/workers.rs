@@ -176,6 +176,11 @@ impl Dispatcher {
                 };
                 if let Some(id) = self.in_flight_on(worker, &wire) {
                     self.note_outcome(worker, status_code.is_none_or(|s| s >= 500), now);
+                    // A stream broken midway may go on elsewhere (it streamed: no answer
+                    // of the backend's own to give the client instead).
+                    if self.interrupt(id, now) {
+                        return;
+                    }
                     // The backend's own answer, when the worker sent it along.
                     let answer =
                         body.zip(status_code)
@@ -384,6 +389,10 @@ impl Dispatcher {
     }
 
     pub(super) fn request_lost(&mut self, id: RequestId, now: Instant) {
+        // A stream under way may go on elsewhere (only one that streamed).
+        if self.interrupt(id, now) {
+            return;
+        }
         let Some(req) = self.requests.get(&id) else {
             return;
         };

@@ -226,6 +226,9 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
         protocol::FEATURE_RESPONSE_HEAD.into(),
         protocol::binary::FEATURE_BINARY_BODIES.into(),
+        // Understood whatever the backend; the server sends continuations only to
+        // workers whose backend kind can go on from a prefix.
+        protocol::continuation::FEATURE_CONTINUATION.into(),
     ];
     features.extend(crate::worker::power::features(&shared.cfg.power));
     // Only a worker serving several relays shares its slots: with one, `register` is

@@ -341,6 +341,7 @@ fn request(body: &Value, headers: &[(&str, &str)]) -> RequestMessage {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         body_encoding: None,
+        continuation: None,
     }
 }
 

@@ -79,6 +79,7 @@ impl H {
             body: Arc::from("{}"),
             headers: Default::default(),
             body_encoding: None,
+            continuation: None,
         });
         self.d.handle(
             Event::Submit {
@@ -88,6 +89,7 @@ impl H {
                 needs: Needs::default(),
                 prints: Default::default(),
                 progress,
+                continuable: false,
             },
             self.now,
         )

@@ -37,6 +37,7 @@ fn submit_route(h: &mut Harness, id: RequestId, route: &'static str, binary: boo
         body: Arc::from("{}"),
         headers: Default::default(),
         body_encoding: binary.then(|| "base64".into()),
+        continuation: None,
     });
     h.ev(Event::Submit {
         id,
@@ -49,6 +50,7 @@ fn submit_route(h: &mut Harness, id: RequestId, route: &'static str, binary: boo
         },
         prints: Default::default(),
         progress: false,
+        continuable: false,
     })
 }
 
