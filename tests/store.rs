@@ -6,68 +6,17 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
 use common::procs::{tool, ServerProc};
+use common::redis::Redis;
 use common::{request, wait_until, FakeWorker, Seen};
 use modelrelay::protocol::ServerMessage;
 use modelrelay::server::lifecycle::governance::keys::KeySet;
 use modelrelay::server::lifecycle::governance::mint;
 use modelrelay::server::lifecycle::governance::token::OpToken;
 use serde_json::{json, Value};
-
-/// A `redis-server` on a loopback port, with no persistence; killed on drop.
-struct Redis {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let mut r = Redis { port, child: None };
-        r.restart();
-        r
-    }
-
-    /// Starts it (again) on the same port and waits until it answers.
-    fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        wait_until("redis-server to listen", || {
-            (TcpStream::connect(addr).is_ok(), String::new())
-        });
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 const KEY: &str = "a-shared-governance-key-of-at-least-32-bytes";
 
@@ -324,5 +273,31 @@ fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
         Some(json!({"name": "three"})),
     );
     assert_eq!(refused.status, 500, "{}", refused.text());
+
+    // Back, but empty (no persistence): the relays offer their keys again instead of
+    // taking the empty list for the fleet's.
+    redis.restart();
+    let third = wait_for_created(&b, "three");
+    wait_for_key(&a, &third, false);
+    wait_for_key(&a, second["id"].as_str().unwrap(), false);
+    assert_eq!(models_with(a.addr, &secret2), 200);
+    assert_eq!(models_with(b.addr, &secret2), 200);
+    assert_eq!(models_with(a.addr, secret), 401);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates key `name` on `relay` once it reaches the store again; its id.
+fn wait_for_created(relay: &ServerProc, name: &str) -> String {
+    let mut id = String::new();
+    wait_until("a key created once the store is back", || {
+        let r = admin(
+            relay.addr,
+            "POST",
+            "/admin/keys",
+            Some(json!({"name": name})),
+        );
+        id = r.json()["id"].as_str().unwrap_or("").to_string();
+        (r.status == 201, r.text())
+    });
+    id
 }

@@ -158,7 +158,10 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let governance =
         lifecycle::governance::Governance::with_store(&cfg.governance, &store, usage::unix_now())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    let usage = usage::Ledger::open(&cfg.state_dir, persist, cfg.usage_retention_days)
+    let mirror = store
+        .usage_mirror(cfg.usage_retention_days)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let usage = usage::Ledger::open(&cfg.state_dir, persist, cfg.usage_retention_days, mirror)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     #[cfg(feature = "server-tls")]
     let tls = match &cfg.tls {
@@ -207,10 +210,11 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     {
         let (hub, inputs) = (ctx.usage.hub.clone(), ctx.inputs.clone());
         let (journal, shared) = (ctx.usage.shared_journal(), ctx.shared.clone());
+        let mirror = ctx.usage.mirror().cloned();
         std::thread::Builder::new()
             .name("usage-stream".into())
             .stack_size(THREAD_STACK)
-            .spawn(move || usage::stream::run_publisher(hub, inputs, journal, shared))?;
+            .spawn(move || usage::stream::run_publisher(hub, inputs, journal, mirror, shared))?;
     }
     #[cfg(feature = "dashboard")]
     {

@@ -20,6 +20,7 @@ use tungstenite::Message;
 
 pub mod fake_server;
 pub mod procs;
+pub mod redis;
 pub mod sse;
 
 pub const SECRET: &str = "s3cret";

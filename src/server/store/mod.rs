@@ -13,10 +13,13 @@ use std::time::Instant;
 #[cfg(feature = "governance")]
 use crate::server::lifecycle::governance::replay::Remembered;
 use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
+use crate::server::usage::journal::{Key, Usage};
 
 mod local;
 #[cfg(feature = "redis-store")]
 pub mod redis;
+#[cfg(feature = "redis-store")]
+mod redis_usage;
 
 /// The op-token replay store: remembers a nonce once, durably.
 #[cfg(feature = "governance")]
@@ -30,6 +33,27 @@ pub trait Nonces: Send + Sync {
 pub trait KeyMirror: Send + Sync {
     /// Makes `record` (hashed secret only) the fleet's version of that key.
     fn publish(&self, record: &crate::server::keys::KeyRecord) -> Result<(), String>;
+}
+
+/// Usage across relays: each relay publishes its own journal's buckets (absolute values,
+/// so publishing again never counts twice) and reads the other relays'.
+pub trait UsageMirror: Send + Sync {
+    /// Makes `buckets` (this relay's, absolute) and this relay's `totals` the store's.
+    /// `Ok(true)` when the store did not know this relay (new, or the store lost its
+    /// data): everything must be published again.
+    fn publish(&self, buckets: &[(Key, Usage)], totals: Usage) -> Result<bool, String>;
+    /// The other relays' buckets of hours `from_hour..to_hour`.
+    fn others(&self, from_hour: u64, to_hour: u64) -> Result<Others, String>;
+    /// The sum of the other relays' totals.
+    fn others_totals(&self) -> Result<Usage, String>;
+}
+
+/// What the other relays published.
+#[derive(Debug, Default)]
+pub struct Others {
+    /// Relays that ever published, this one included.
+    pub relays: usize,
+    pub buckets: Vec<(Key, Usage)>,
 }
 
 /// Rate-limit buckets (GCRA), keyed by tenant.
@@ -167,6 +191,23 @@ impl Store {
         None
     }
 
+    /// Where this relay's usage is published for the others; none without a shared
+    /// store. The relay is known by an id kept in `STATE_DIR/relay.id` (made on first
+    /// use), so a restart publishes over its own figures instead of adding a relay.
+    pub fn usage_mirror(
+        &self,
+        retention_days: u32,
+    ) -> Result<Option<std::sync::Arc<dyn UsageMirror>>, String> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            let id = relay_id(&self.state_dir)?;
+            let mirror = redis_usage::SharedUsage::new(shared.clone(), id, retention_days);
+            return Ok(Some(std::sync::Arc::new(mirror)));
+        }
+        let _ = retention_days;
+        Ok(None)
+    }
+
     /// Keeps the relay's keys equal to the shared store's list, on a thread of its own
     /// that polls the list's version (a change shows on every relay within a second);
     /// nothing to do without a shared store or without keys.
@@ -204,4 +245,24 @@ impl Store {
         }
         false
     }
+}
+
+/// This relay's id in the shared store: read from `dir/relay.id`, or made (random) and
+/// kept there.
+#[cfg(feature = "redis-store")]
+fn relay_id(dir: &Path) -> Result<String, String> {
+    let path = dir.join("relay.id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let id = text.trim();
+        if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Ok(id.to_string());
+        }
+    }
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| format!("cannot make a relay id: {e}"))?;
+    let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    crate::server::private_fs::create_dir(dir)
+        .and_then(|()| std::fs::write(&path, format!("{id}\n")))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(id)
 }

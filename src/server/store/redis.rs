@@ -194,11 +194,19 @@ pub fn follow_keys(redis: &Redis, ctx: &crate::server::Ctx) {
             offered = offer(redis, &keys.records()).is_ok();
         }
         if offered {
-            if let Ok(Some((version, records))) = fetch(redis, seen) {
-                match keys.replace(records) {
+            match fetch(redis, seen) {
+                Ok(Fetched::Changed(version, records)) => match keys.replace(records) {
                     Ok(()) => seen = Some(version),
                     Err(e) => log::error!("cannot keep the local copy of the shared keys: {e}"),
+                },
+                Ok(Fetched::Lost) => {
+                    // A store restarted without its data: its empty list is not the
+                    // fleet's. Offer ours again rather than forgetting every key.
+                    log::warn!("the shared state store lost its key list; offering this relay's keys again");
+                    offered = false;
+                    seen = None;
                 }
+                Ok(Fetched::Same) | Err(_) => {}
             }
         }
         std::thread::sleep(KEY_POLL);
@@ -216,12 +224,21 @@ fn offer(redis: &Redis, records: &[KeyRecord]) -> Result<(), String> {
     redis.call(|c| pipe.query::<()>(c))
 }
 
+enum Fetched {
+    Same,
+    Changed(u64, Vec<KeyRecord>),
+    /// The version is gone although this relay has offered its keys: the store lost them.
+    Lost,
+}
+
 /// The store's keys when their version is not `seen`.
-fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Option<(u64, Vec<KeyRecord>)>, String> {
+fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Fetched, String> {
     let version: Option<u64> = redis.call(|c| redis::cmd("GET").arg(KEYS_VERSION).query(c))?;
-    let version = version.unwrap_or(0);
+    let Some(version) = version else {
+        return Ok(Fetched::Lost);
+    };
     if seen == Some(version) {
-        return Ok(None);
+        return Ok(Fetched::Same);
     }
     let all: std::collections::HashMap<String, String> =
         redis.call(|c| redis::cmd("HGETALL").arg(KEYS_HASH).query(c))?;
@@ -240,7 +257,7 @@ fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Option<(u64, Vec<KeyRecord>
             },
         )
         .collect();
-    Ok(Some((version, records)))
+    Ok(Fetched::Changed(version, records))
 }
 
 /// Op-token nonces as `SET key 1 NX PX ttl`: the first relay to set it wins, every

@@ -1,0 +1,57 @@
+//! A real `redis-server` on a loopback port for the shared-store suites.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+
+use super::wait_until;
+
+/// A `redis-server` on a loopback port, with no persistence; killed on drop.
+pub struct Redis {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let mut r = Redis { port, child: None };
+        r.restart();
+        r
+    }
+
+    /// Starts it (again) on the same port and waits until it answers.
+    pub fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        wait_until("redis-server to listen", || {
+            (TcpStream::connect(addr).is_ok(), String::new())
+        });
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
