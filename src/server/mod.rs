@@ -187,7 +187,7 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
-        gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store),
+        gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store, &shared),
         store,
         keys,
         usage,

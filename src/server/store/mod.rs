@@ -8,10 +8,12 @@
 //! own limiter (logged once per transition).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[cfg(feature = "governance")]
 use crate::server::lifecycle::governance::replay::Remembered;
+use crate::server::shared::Shared;
 use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
 use crate::server::usage::journal::{Key, Usage};
 
@@ -171,9 +173,11 @@ impl Store {
     }
 
     /// A family of rate-limit buckets (`name`: `requests`, `tokens`) tracking at most
-    /// `capacity` tenants locally.
-    pub fn limits(&self, name: &str, capacity: usize) -> Box<dyn Limits> {
-        let local = RateLimiter::new(capacity);
+    /// `capacity` tenants locally. Kept locally (no shared store, or the store
+    /// unreachable), a limit is this relay's share: divided by the relays its workers
+    /// report (`relays`).
+    pub fn limits(&self, name: &str, capacity: usize, relays: &Arc<Shared>) -> Box<dyn Limits> {
+        let local = local::Share::new(RateLimiter::new(capacity), relays.clone());
         #[cfg(feature = "redis-store")]
         if let Some(shared) = &self.shared {
             return Box::new(redis::SharedLimits::new(shared.clone(), name, local));

@@ -20,7 +20,7 @@ use crate::server::keys::KeyRecord;
 use crate::server::lifecycle::governance::replay::{Remembered, FORGET_MARGIN_SECS};
 #[cfg(feature = "governance")]
 use crate::server::lifecycle::governance::WINDOW_SECS;
-use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
+use crate::server::tenancy::limits::{Decision, Rate};
 
 /// Longest wait for a connection or a reply.
 pub const TIMEOUT: Duration = Duration::from_millis(500);
@@ -335,18 +335,18 @@ redis.call('PEXPIRE', KEYS[1], math.floor(level / amount / 1000) + 1000)
 return {allowed, level}
 ";
 
-/// Rate-limit buckets in Redis, with this relay's own limiter as the fall-back while
-/// the store is unreachable.
+/// Rate-limit buckets in Redis, with this relay's share (the limit divided by the live
+/// relay count) as the fall-back while the store is unreachable.
 pub struct SharedLimits {
     redis: Arc<Redis>,
     script: redis::Script,
     /// `modelrelay:rl:<name>:`
     prefix: String,
-    local: RateLimiter,
+    local: super::local::Share,
 }
 
 impl SharedLimits {
-    pub fn new(redis: Arc<Redis>, name: &str, local: RateLimiter) -> SharedLimits {
+    pub fn new(redis: Arc<Redis>, name: &str, local: super::local::Share) -> SharedLimits {
         SharedLimits {
             redis,
             script: redis::Script::new(GCRA),
