@@ -27,7 +27,8 @@ fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Two relays on `redis`, governed by op tokens, with `teama` limited to 60/min.
+/// Two relays on `redis`, governed by op tokens, with `teama` and `teamb` limited to
+/// 60 an hour (not a minute: a slow machine must not see a unit come back mid-test).
 fn relays(redis: &Redis, dir: &std::path::Path) -> (ServerProc, ServerProc) {
     let key = dir.join("op.key");
     std::fs::write(&key, KEY).expect("key");
@@ -39,8 +40,8 @@ fn relays(redis: &Redis, dir: &std::path::Path) -> (ServerProc, ServerProc) {
             ("STATE_URL", &url),
             ("STATE_DIR", &state),
             ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
-            ("TENANT_RATE_LIMIT_teama", "60req/min"),
-            ("TENANT_RATE_LIMIT_teamb", "60req/min"),
+            ("TENANT_RATE_LIMIT_teama", "60req/h"),
+            ("TENANT_RATE_LIMIT_teamb", "60req/h"),
             // Limited, so that its requests reach the store (and reconnect to it).
             ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
         ])
@@ -300,4 +301,131 @@ fn wait_for_created(relay: &ServerProc, name: &str) -> String {
         (r.status == 201, r.text())
     });
     id
+}
+
+/// `POST /dashboard/api/models/refresh` with `cookie`: whether the session was accepted.
+#[cfg(feature = "dashboard")]
+fn signed_in(addr: SocketAddr, cookie: &str) -> bool {
+    let r = request(
+        addr,
+        "POST",
+        "/dashboard/api/models/refresh",
+        Some("{}"),
+        &[("cookie", cookie), ("origin", "http://localhost")],
+    );
+    r.status != 401
+}
+
+#[cfg(feature = "dashboard")]
+#[test]
+fn a_dashboard_sign_in_on_one_relay_holds_on_the_other_until_signed_out() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("sessions");
+    let redis = Redis::start();
+    let url = redis.url();
+    let start = |name: &str| {
+        let state = dir.join(name).to_string_lossy().into_owned();
+        ServerProc::start(&[
+            ("STATE_URL", &url),
+            ("STATE_DIR", &state),
+            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
+        ])
+    };
+    let (a, b) = (start("a"), start("b"));
+    let r = request(
+        a.addr,
+        "POST",
+        "/dashboard/signin",
+        Some(&json!({ "token": ADMIN }).to_string()),
+        &[("content-type", "application/json")],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let cookie = r
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("cookie")
+        .to_string();
+    assert!(signed_in(a.addr, &cookie));
+    assert!(signed_in(b.addr, &cookie), "B knows A's session");
+    assert!(!signed_in(b.addr, "modelrelay_session=00ff"));
+
+    let out = request(
+        b.addr,
+        "POST",
+        "/dashboard/signout",
+        None,
+        &[("cookie", &cookie), ("origin", "http://localhost")],
+    );
+    assert!(out.status < 400, "{}", out.text());
+    assert!(!signed_in(b.addr, &cookie));
+    wait_until("A to follow the sign-out on B", || {
+        (!signed_in(a.addr, &cookie), String::new())
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_load_started_on_one_relay_is_polled_on_the_other() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("tasks");
+    let redis = Redis::start();
+    let url = redis.url();
+    let start = |name: &str| {
+        let state = dir.join(name).to_string_lossy().into_owned();
+        ServerProc::start(&[
+            ("STATE_URL", &url),
+            ("STATE_DIR", &state),
+            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
+        ])
+    };
+    let (a, b) = (start("a"), start("b"));
+    let register = json!({
+        "type": "register", "worker_name": "gpu", "models": ["m"], "max_concurrent": 1,
+        "protocol_version": "1", "features": ["lifecycle"], "loaded_models": [],
+    });
+    let worker =
+        match FakeWorker::try_connect(a.addr, "/v1/worker/connect", Some(common::SECRET), register)
+        {
+            common::Upgrade::Ok(w) => w,
+            common::Upgrade::Refused(s) => panic!("refused {s}"),
+        };
+    a.wait_workers(1);
+    let r = admin(
+        a.addr,
+        "POST",
+        "/v1/models/load",
+        Some(json!({"modelId": "m"})),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let task = r.json()["taskId"].as_str().expect("taskId").to_string();
+    let path = format!("/v1/models/load/{task}");
+    let on_b = |what: &str, field: &str, want: Value| {
+        wait_until(what, || {
+            let r = request(b.addr, "GET", &path, None, &[]);
+            (r.status == 200 && r.json()[field] == want, r.text())
+        });
+    };
+    on_b("B to see the task", "status", json!("loading"));
+    let op = loop {
+        if let ServerMessage::ModelOperation(op) = worker.recv() {
+            break op.operation_id;
+        }
+    };
+    let status = |status: &str, progress: Option<f64>| {
+        worker.send(
+            json!({"type": "operation_status", "operation_id": op, "status": status,
+                           "progress": progress, "backend": "ollama"}),
+        );
+    };
+    status("running", Some(0.5));
+    on_b("B to see its progress", "progress", json!(0.5));
+    status("completed", None);
+    on_b("B to see it completed", "status", json!("completed"));
+    let unknown = request(b.addr, "GET", "/v1/models/load/load-1", None, &[]);
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -178,6 +178,9 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let mut core = Dispatcher::new(cfg.dispatch.clone(), Instant::now());
     let sleepers = power::SleeperStore::new(&cfg.state_dir);
     core.restore_sleepers(sleepers.load(), Instant::now());
+    if store.is_shared() {
+        core.number_tasks_from(random_start());
+    }
     let dispatcher = {
         let shared = shared.clone();
         std::thread::Builder::new()
@@ -188,11 +191,11 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
         gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store, &shared),
+        dashboard: dashboard::Dashboard::with_store(&store),
         store,
         keys,
         usage,
         governance,
-        dashboard: dashboard::Dashboard::default(),
         #[cfg(feature = "server-tls")]
         tls,
         started_unix: std::time::SystemTime::now()

@@ -21,6 +21,8 @@ mod local;
 #[cfg(feature = "redis-store")]
 pub mod redis;
 #[cfg(feature = "redis-store")]
+mod redis_sessions;
+#[cfg(feature = "redis-store")]
 mod redis_usage;
 
 /// The op-token replay store: remembers a nonce once, durably.
@@ -56,6 +58,20 @@ pub struct Others {
     /// Relays that ever published, this one included.
     pub relays: usize,
     pub buckets: Vec<(Key, Usage)>,
+}
+
+/// Dashboard sessions: the SHA-256 of each session id with its remaining life.
+pub trait SessionMirror: Send + Sync {
+    fn put(&self, key: &[u8; 32], ttl: std::time::Duration) -> Result<(), String>;
+    /// The session's remaining life; `Ok(None)` when the store does not have it.
+    fn remaining(&self, key: &[u8; 32]) -> Result<Option<std::time::Duration>, String>;
+    fn remove(&self, key: &[u8; 32]) -> Result<(), String>;
+}
+
+/// Lifecycle tasks: each task's JSON as its relay last published it.
+pub trait TaskMirror: Send + Sync {
+    fn put(&self, task_id: &str, json: &str, keep: std::time::Duration) -> Result<(), String>;
+    fn get(&self, task_id: &str) -> Result<Option<String>, String>;
 }
 
 /// Rate-limit buckets (GCRA), keyed by tenant.
@@ -210,6 +226,26 @@ impl Store {
         }
         let _ = retention_days;
         Ok(None)
+    }
+
+    /// Where dashboard sessions are shared; none without a shared store.
+    pub fn session_mirror(&self) -> Option<Box<dyn SessionMirror>> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Some(Box::new(redis_sessions::SharedSessions::new(
+                shared.clone(),
+            )));
+        }
+        None
+    }
+
+    /// Where lifecycle tasks are shared; none without a shared store.
+    pub fn task_mirror(&self) -> Option<Box<dyn TaskMirror>> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Some(Box::new(redis_sessions::SharedTasks::new(shared.clone())));
+        }
+        None
     }
 
     /// Keeps the relay's keys equal to the shared store's list, on a thread of its own
