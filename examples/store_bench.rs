@@ -189,7 +189,7 @@ fn chat(addr: SocketAddr, tenant: &str) -> u16 {
 fn percentiles(times: &mut [Duration]) -> String {
     times.sort();
     let at = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)].as_secs_f64() * 1e6;
-    format!("p50 {:>7.0} µs   p99 {:>7.0} µs", at(50), at(99))
+    format!("p50 {:>8.1} µs   p99 {:>8.1} µs", at(50), at(99))
 }
 
 fn wait_for(limit: Duration, cond: impl Fn() -> bool) -> bool {

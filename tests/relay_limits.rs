@@ -7,34 +7,19 @@ mod common;
 #[path = "../examples/support/fake_backend.rs"]
 mod fake_backend;
 
-use std::net::SocketAddr;
-
 use common::procs::{start_worker, Proc, ServerProc};
-use common::{request, wait_until};
+use common::{chat_as, wait_until};
 use fake_backend::FakeBackend;
-use serde_json::json;
 
 /// Per hour, so that no unit comes back while the test runs.
 const LIMIT: (&str, &str) = ("TENANT_RATE_LIMIT_teama", "10req/h");
-
-fn chat_status(addr: SocketAddr, tenant: &str) -> u16 {
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-    request(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body.to_string()),
-        &[("x-tenant-id", tenant)],
-    )
-    .status
-}
 
 /// Of 20 requests alternating between `a` and `b`, how many were admitted.
 fn admitted_of_20(a: &ServerProc, b: &ServerProc, tenant: &str) -> usize {
     (0..20)
         .filter(|i| {
             let addr = if i % 2 == 0 { a.addr } else { b.addr };
-            let status = chat_status(addr, tenant);
+            let status = chat_as(addr, tenant);
             assert!(status == 200 || status == 429, "{status}");
             status == 200
         })

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::procs::{tool, ServerProc};
 use common::redis::Redis;
-use common::{request, wait_until, FakeWorker, Seen};
+use common::{chat_as, request, wait_until, FakeWorker, Seen};
 use modelrelay::protocol::ServerMessage;
 use modelrelay::server::lifecycle::governance::keys::KeySet;
 use modelrelay::server::lifecycle::governance::mint;
@@ -33,18 +33,17 @@ fn relays(redis: &Redis, dir: &std::path::Path) -> (ServerProc, ServerProc) {
     let key = dir.join("op.key");
     std::fs::write(&key, KEY).expect("key");
     let key = key.to_string_lossy().into_owned();
-    let url = redis.url();
     let start = |name: &str| {
-        let state = dir.join(name).to_string_lossy().into_owned();
-        ServerProc::start(&[
-            ("STATE_URL", &url),
-            ("STATE_DIR", &state),
-            ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
-            ("TENANT_RATE_LIMIT_teama", "60req/h"),
-            ("TENANT_RATE_LIMIT_teamb", "60req/h"),
-            // Limited, so that its requests reach the store (and reconnect to it).
-            ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
-        ])
+        redis.relay(
+            &dir.join(name),
+            &[
+                ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
+                ("TENANT_RATE_LIMIT_teama", "60req/h"),
+                ("TENANT_RATE_LIMIT_teamb", "60req/h"),
+                // Limited, so that its requests reach the store (and reconnect to it).
+                ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
+            ],
+        )
     };
     let (a, b) = (start("a"), start("b"));
     answer_all(a.addr);
@@ -66,25 +65,12 @@ fn answer_all(relay: SocketAddr) {
     });
 }
 
-/// One chat request as `tenant`: 200 when admitted, 429 when refused.
-fn chat_status(addr: SocketAddr, tenant: &str) -> u16 {
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-    request(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body.to_string()),
-        &[("x-tenant-id", tenant)],
-    )
-    .status
-}
-
 /// Of 100 requests alternating between `a` and `b`, how many were admitted.
 fn admitted_of_100(a: &ServerProc, b: &ServerProc, tenant: &str) -> usize {
     (0..100)
         .filter(|i| {
             let addr = if i % 2 == 0 { a.addr } else { b.addr };
-            chat_status(addr, tenant) != 429
+            chat_as(addr, tenant) != 429
         })
         .count()
 }
@@ -154,11 +140,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     let (status, code) = load(b.addr, &token("nonce-store-0002", &dir));
     assert_eq!(status, 503, "no replay store, no governed call: {code}");
     assert_eq!(store_health(&b)["reachable"], false);
-    assert_ne!(
-        chat_status(a.addr, "teamb"),
-        429,
-        "admitted by A's own limiter"
-    );
+    assert_ne!(chat_as(a.addr, "teamb"), 429, "admitted by A's own limiter");
     assert_eq!(store_health(&a)["reachable"], false);
     a.proc.wait_line("state store unreachable");
     let metrics = request(a.addr, "GET", "/metrics", None, &[]).text();
@@ -172,7 +154,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     redis.restart();
     for s in [&a, &b] {
         wait_until("the relay to reach the store again", || {
-            let _ = chat_status(s.addr, "probe");
+            let _ = chat_as(s.addr, "probe");
             let h = store_health(s);
             (h["reachable"] == true, h.to_string())
         });
@@ -184,6 +166,16 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
 }
 
 const ADMIN: &str = "store-admin-token";
+
+/// Relays A and B on `redis` with the admin token (state in `dir/a`, `dir/b`).
+fn admin_relays(redis: &Redis, dir: &Path, extra: &[(&str, &str)]) -> (ServerProc, ServerProc) {
+    let mut env = vec![("MODELRELAY_ADMIN_TOKEN", ADMIN)];
+    env.extend_from_slice(extra);
+    (
+        redis.relay(&dir.join("a"), &env),
+        redis.relay(&dir.join("b"), &env),
+    )
+}
 
 fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> common::Response {
     common::admin_call(addr, ADMIN, method, path, body)
@@ -215,17 +207,7 @@ fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
     }
     let dir = temp_dir("keys");
     let mut redis = Redis::start();
-    let url = redis.url();
-    let start = |name: &str| {
-        let state = dir.join(name).to_string_lossy().into_owned();
-        ServerProc::start(&[
-            ("STATE_URL", &url),
-            ("STATE_DIR", &state),
-            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
-            ("MODELRELAY_REQUIRE_API_KEYS", "true"),
-        ])
-    };
-    let (a, b) = (start("a"), start("b"));
+    let (a, b) = admin_relays(&redis, &dir, &[("MODELRELAY_REQUIRE_API_KEYS", "true")]);
 
     let created = admin(a.addr, "POST", "/admin/keys", Some(json!({"name": "ci"})));
     assert_eq!(created.status, 201, "{}", created.text());
@@ -324,16 +306,7 @@ fn a_dashboard_sign_in_on_one_relay_holds_on_the_other_until_signed_out() {
     }
     let dir = temp_dir("sessions");
     let redis = Redis::start();
-    let url = redis.url();
-    let start = |name: &str| {
-        let state = dir.join(name).to_string_lossy().into_owned();
-        ServerProc::start(&[
-            ("STATE_URL", &url),
-            ("STATE_DIR", &state),
-            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
-        ])
-    };
-    let (a, b) = (start("a"), start("b"));
+    let (a, b) = admin_relays(&redis, &dir, &[]);
     let r = request(
         a.addr,
         "POST",
@@ -373,16 +346,7 @@ fn a_load_started_on_one_relay_is_polled_on_the_other() {
     }
     let dir = temp_dir("tasks");
     let redis = Redis::start();
-    let url = redis.url();
-    let start = |name: &str| {
-        let state = dir.join(name).to_string_lossy().into_owned();
-        ServerProc::start(&[
-            ("STATE_URL", &url),
-            ("STATE_DIR", &state),
-            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
-        ])
-    };
-    let (a, b) = (start("a"), start("b"));
+    let (a, b) = admin_relays(&redis, &dir, &[]);
     let register = json!({
         "type": "register", "worker_name": "gpu", "models": ["m"], "max_concurrent": 1,
         "protocol_version": "1", "features": ["lifecycle"], "loaded_models": [],

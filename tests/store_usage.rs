@@ -35,12 +35,7 @@ fn temp_dir(tag: &str) -> PathBuf {
 }
 
 fn relay(redis: &Redis, dir: &Path) -> ServerProc {
-    let state = dir.to_string_lossy().into_owned();
-    ServerProc::start(&[
-        ("STATE_URL", &redis.url()),
-        ("STATE_DIR", &state),
-        ("MODELRELAY_ADMIN_TOKEN", ADMIN),
-    ])
+    redis.relay(dir, &[("MODELRELAY_ADMIN_TOKEN", ADMIN)])
 }
 
 fn send(addr: SocketAddr, tenant: &str, path: &str, body: Value) -> Response {

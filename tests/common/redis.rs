@@ -1,8 +1,10 @@
 //! A real `redis-server` on a loopback port for the shared-store suites.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use super::procs::ServerProc;
 use super::wait_until;
 
 /// A `redis-server` on a loopback port, with no persistence; killed on drop.
@@ -47,6 +49,14 @@ impl Redis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// A relay (the server binary) on this store, with its state in `dir`.
+    pub fn relay(&self, dir: &Path, extra: &[(&str, &str)]) -> ServerProc {
+        let (url, state) = (self.url(), dir.to_string_lossy().into_owned());
+        let mut env = vec![("STATE_URL", url.as_str()), ("STATE_DIR", state.as_str())];
+        env.extend_from_slice(extra);
+        ServerProc::start(&env)
     }
 }
 

@@ -153,6 +153,7 @@ impl Redis {
 /// counter bumped with every change, in one transaction.
 const KEYS_HASH: &str = "modelrelay:keys";
 const KEYS_VERSION: &str = "modelrelay:keys:version";
+const KEYS_EPOCH: &str = "modelrelay:keys:epoch";
 /// How often each relay looks at the keys' version.
 pub const KEY_POLL: Duration = Duration::from_millis(250);
 
@@ -187,14 +188,15 @@ impl super::KeyMirror for SharedKeys {
 /// copy stays as it was and keeps authenticating.
 pub fn follow_keys(redis: &Redis, ctx: &crate::server::Ctx) {
     let Some(keys) = &ctx.keys else { return };
-    let mut offered = false;
+    // The store's epoch this relay offered its keys to (see `offer`).
+    let mut offered: Option<String> = None;
     let mut seen: Option<u64> = None;
     while !ctx.shared.is_shutting_down() {
-        if !offered {
-            offered = offer(redis, &keys.records()).is_ok();
+        if offered.is_none() {
+            offered = offer(redis, &keys.records()).ok();
         }
-        if offered {
-            match fetch(redis, seen) {
+        if let Some(epoch) = &offered {
+            match fetch(redis, seen, epoch) {
                 Ok(Fetched::Changed(version, records)) => match keys.replace(records) {
                     Ok(()) => seen = Some(version),
                     Err(e) => log::error!("cannot keep the local copy of the shared keys: {e}"),
@@ -203,7 +205,7 @@ pub fn follow_keys(redis: &Redis, ctx: &crate::server::Ctx) {
                     // A store restarted without its data: its empty list is not the
                     // fleet's. Offer ours again rather than forgetting every key.
                     log::warn!("the shared state store lost its key list; offering this relay's keys again");
-                    offered = false;
+                    offered = None;
                     seen = None;
                 }
                 Ok(Fetched::Same) | Err(_) => {}
@@ -213,28 +215,42 @@ pub fn follow_keys(redis: &Redis, ctx: &crate::server::Ctx) {
     }
 }
 
-fn offer(redis: &Redis, records: &[KeyRecord]) -> Result<(), String> {
+/// Adds this relay's keys the store lacks; returns the store's epoch: a random mark
+/// the first relay to offer sets, which a store restarted without its data no longer
+/// has (so every relay offers again, whoever writes to the store first).
+fn offer(redis: &Redis, records: &[KeyRecord]) -> Result<String, String> {
+    let mut mark = [0u8; 8];
+    getrandom::fill(&mut mark).map_err(|e| e.to_string())?;
+    let mark: String = mark.iter().map(|b| format!("{b:02x}")).collect();
     let mut pipe = redis::pipe();
     pipe.atomic();
+    pipe.set_nx(KEYS_EPOCH, mark).ignore();
     for r in records {
         let json = serde_json::to_string(r).map_err(|e| e.to_string())?;
         pipe.hset_nx(KEYS_HASH, &r.id, json).ignore();
     }
     pipe.incr(KEYS_VERSION, 1).ignore();
-    redis.call(|c| pipe.query::<()>(c))
+    pipe.get(KEYS_EPOCH);
+    let (epoch,): (String,) = redis.call(|c| pipe.query(c))?;
+    Ok(epoch)
 }
 
 enum Fetched {
     Same,
     Changed(u64, Vec<KeyRecord>),
-    /// The version is gone although this relay has offered its keys: the store lost them.
+    /// The store's epoch is not the one this relay offered its keys to: it lost them.
     Lost,
 }
 
 /// The store's keys when their version is not `seen`.
-fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Fetched, String> {
-    let version: Option<u64> = redis.call(|c| redis::cmd("GET").arg(KEYS_VERSION).query(c))?;
-    let Some(version) = version else {
+fn fetch(redis: &Redis, seen: Option<u64>, epoch: &str) -> Result<Fetched, String> {
+    let (version, now): (Option<u64>, Option<String>) = redis.call(|c| {
+        redis::cmd("MGET")
+            .arg(KEYS_VERSION)
+            .arg(KEYS_EPOCH)
+            .query(c)
+    })?;
+    let (Some(version), true) = (version, now.as_deref() == Some(epoch)) else {
         return Ok(Fetched::Lost);
     };
     if seen == Some(version) {
