@@ -58,8 +58,9 @@ impl Share {
     /// This relay's part of `rate`.
     fn part(&self, rate: Rate) -> Rate {
         let n = self.relays.relays_reported();
-        let before = self.applied.swap(n, Ordering::Relaxed);
-        if before != n {
+        // Written only on a change: admission threads do not contend on it.
+        if self.applied.load(Ordering::Relaxed) != n && self.applied.swap(n, Ordering::Relaxed) != n
+        {
             log::info!(
                 "rate limits kept per relay with {n} relay(s) serving the pool: this relay admits 1/{n} of each limit"
             );
