@@ -33,7 +33,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store
 
 build:
 	$(CARGO) build
@@ -175,6 +175,12 @@ bench-binary:
 bench-ha:
 	$(CARGO) build --release --bins --example ha_bench
 	./target/release/examples/ha_bench
+
+# Shared state (Redis): admission round trip p50/p99, the latency a request gains with
+# the store on vs off, and a run with Redis stopped for 10 s (needs redis-server).
+bench-store:
+	$(CARGO) build --release --bins --example store_bench --features redis-store
+	./target/release/examples/store_bench
 
 # Cache affinity with two real llama-servers (Gemma 3 270M, 2 slots each): later-turn
 # prompt tokens evaluated, latency, wall time and box shares, affinity off vs on

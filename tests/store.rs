@@ -6,68 +6,17 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 
 use common::procs::{tool, ServerProc};
-use common::{request, wait_until, FakeWorker, Seen};
+use common::redis::Redis;
+use common::{chat_as, request, wait_until, FakeWorker, Seen};
 use modelrelay::protocol::ServerMessage;
 use modelrelay::server::lifecycle::governance::keys::KeySet;
 use modelrelay::server::lifecycle::governance::mint;
 use modelrelay::server::lifecycle::governance::token::OpToken;
 use serde_json::{json, Value};
-
-/// A `redis-server` on a loopback port, with no persistence; killed on drop.
-struct Redis {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let mut r = Redis { port, child: None };
-        r.restart();
-        r
-    }
-
-    /// Starts it (again) on the same port and waits until it answers.
-    fn restart(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        wait_until("redis-server to listen", || {
-            (TcpStream::connect(addr).is_ok(), String::new())
-        });
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 const KEY: &str = "a-shared-governance-key-of-at-least-32-bytes";
 
@@ -78,23 +27,23 @@ fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Two relays on `redis`, governed by op tokens, with `teama` limited to 60/min.
+/// Two relays on `redis`, governed by op tokens, with `teama` and `teamb` limited to
+/// 60 an hour (not a minute: a slow machine must not see a unit come back mid-test).
 fn relays(redis: &Redis, dir: &std::path::Path) -> (ServerProc, ServerProc) {
     let key = dir.join("op.key");
     std::fs::write(&key, KEY).expect("key");
     let key = key.to_string_lossy().into_owned();
-    let url = redis.url();
     let start = |name: &str| {
-        let state = dir.join(name).to_string_lossy().into_owned();
-        ServerProc::start(&[
-            ("STATE_URL", &url),
-            ("STATE_DIR", &state),
-            ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
-            ("TENANT_RATE_LIMIT_teama", "60req/min"),
-            ("TENANT_RATE_LIMIT_teamb", "60req/min"),
-            // Limited, so that its requests reach the store (and reconnect to it).
-            ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
-        ])
+        redis.relay(
+            &dir.join(name),
+            &[
+                ("VERIFIED_OP_TOKEN_KEY_PATH", &key),
+                ("TENANT_RATE_LIMIT_teama", "60req/h"),
+                ("TENANT_RATE_LIMIT_teamb", "60req/h"),
+                // Limited, so that its requests reach the store (and reconnect to it).
+                ("TENANT_RATE_LIMIT_probe", "1000000req/min"),
+            ],
+        )
     };
     let (a, b) = (start("a"), start("b"));
     answer_all(a.addr);
@@ -116,25 +65,12 @@ fn answer_all(relay: SocketAddr) {
     });
 }
 
-/// One chat request as `tenant`: 200 when admitted, 429 when refused.
-fn chat_status(addr: SocketAddr, tenant: &str) -> u16 {
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-    request(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body.to_string()),
-        &[("x-tenant-id", tenant)],
-    )
-    .status
-}
-
 /// Of 100 requests alternating between `a` and `b`, how many were admitted.
 fn admitted_of_100(a: &ServerProc, b: &ServerProc, tenant: &str) -> usize {
     (0..100)
         .filter(|i| {
             let addr = if i % 2 == 0 { a.addr } else { b.addr };
-            chat_status(addr, tenant) != 429
+            chat_as(addr, tenant) != 429
         })
         .count()
 }
@@ -204,11 +140,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     let (status, code) = load(b.addr, &token("nonce-store-0002", &dir));
     assert_eq!(status, 503, "no replay store, no governed call: {code}");
     assert_eq!(store_health(&b)["reachable"], false);
-    assert_ne!(
-        chat_status(a.addr, "teamb"),
-        429,
-        "admitted by A's own limiter"
-    );
+    assert_ne!(chat_as(a.addr, "teamb"), 429, "admitted by A's own limiter");
     assert_eq!(store_health(&a)["reachable"], false);
     a.proc.wait_line("state store unreachable");
     let metrics = request(a.addr, "GET", "/metrics", None, &[]).text();
@@ -222,7 +154,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     redis.restart();
     for s in [&a, &b] {
         wait_until("the relay to reach the store again", || {
-            let _ = chat_status(s.addr, "probe");
+            let _ = chat_as(s.addr, "probe");
             let h = store_health(s);
             (h["reachable"] == true, h.to_string())
         });
@@ -234,6 +166,16 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
 }
 
 const ADMIN: &str = "store-admin-token";
+
+/// Relays A and B on `redis` with the admin token (state in `dir/a`, `dir/b`).
+fn admin_relays(redis: &Redis, dir: &Path, extra: &[(&str, &str)]) -> (ServerProc, ServerProc) {
+    let mut env = vec![("MODELRELAY_ADMIN_TOKEN", ADMIN)];
+    env.extend_from_slice(extra);
+    (
+        redis.relay(&dir.join("a"), &env),
+        redis.relay(&dir.join("b"), &env),
+    )
+}
 
 fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> common::Response {
     common::admin_call(addr, ADMIN, method, path, body)
@@ -265,17 +207,7 @@ fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
     }
     let dir = temp_dir("keys");
     let mut redis = Redis::start();
-    let url = redis.url();
-    let start = |name: &str| {
-        let state = dir.join(name).to_string_lossy().into_owned();
-        ServerProc::start(&[
-            ("STATE_URL", &url),
-            ("STATE_DIR", &state),
-            ("MODELRELAY_ADMIN_TOKEN", ADMIN),
-            ("MODELRELAY_REQUIRE_API_KEYS", "true"),
-        ])
-    };
-    let (a, b) = (start("a"), start("b"));
+    let (a, b) = admin_relays(&redis, &dir, &[("MODELRELAY_REQUIRE_API_KEYS", "true")]);
 
     let created = admin(a.addr, "POST", "/admin/keys", Some(json!({"name": "ci"})));
     assert_eq!(created.status, 201, "{}", created.text());
@@ -324,5 +256,140 @@ fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
         Some(json!({"name": "three"})),
     );
     assert_eq!(refused.status, 500, "{}", refused.text());
+
+    // Back, but empty (no persistence): the relays offer their keys again instead of
+    // taking the empty list for the fleet's.
+    redis.restart();
+    let third = wait_for_created(&b, "three");
+    wait_for_key(&a, &third, false);
+    wait_for_key(&a, second["id"].as_str().unwrap(), false);
+    assert_eq!(models_with(a.addr, &secret2), 200);
+    assert_eq!(models_with(b.addr, &secret2), 200);
+    assert_eq!(models_with(a.addr, secret), 401);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates key `name` on `relay` once it reaches the store again; its id.
+fn wait_for_created(relay: &ServerProc, name: &str) -> String {
+    let mut id = String::new();
+    wait_until("a key created once the store is back", || {
+        let r = admin(
+            relay.addr,
+            "POST",
+            "/admin/keys",
+            Some(json!({"name": name})),
+        );
+        id = r.json()["id"].as_str().unwrap_or("").to_string();
+        (r.status == 201, r.text())
+    });
+    id
+}
+
+/// `POST /dashboard/api/models/refresh` with `cookie`: whether the session was accepted.
+#[cfg(feature = "dashboard")]
+fn signed_in(addr: SocketAddr, cookie: &str) -> bool {
+    let r = request(
+        addr,
+        "POST",
+        "/dashboard/api/models/refresh",
+        Some("{}"),
+        &[("cookie", cookie), ("origin", "http://localhost")],
+    );
+    r.status != 401
+}
+
+#[cfg(feature = "dashboard")]
+#[test]
+fn a_dashboard_sign_in_on_one_relay_holds_on_the_other_until_signed_out() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("sessions");
+    let redis = Redis::start();
+    let (a, b) = admin_relays(&redis, &dir, &[]);
+    let r = request(
+        a.addr,
+        "POST",
+        "/dashboard/signin",
+        Some(&json!({ "token": ADMIN }).to_string()),
+        &[("content-type", "application/json")],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let cookie = r
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("cookie")
+        .to_string();
+    assert!(signed_in(a.addr, &cookie));
+    assert!(signed_in(b.addr, &cookie), "B knows A's session");
+    assert!(!signed_in(b.addr, "modelrelay_session=00ff"));
+
+    let out = request(
+        b.addr,
+        "POST",
+        "/dashboard/signout",
+        None,
+        &[("cookie", &cookie), ("origin", "http://localhost")],
+    );
+    assert!(out.status < 400, "{}", out.text());
+    assert!(!signed_in(b.addr, &cookie));
+    wait_until("A to follow the sign-out on B", || {
+        (!signed_in(a.addr, &cookie), String::new())
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_load_started_on_one_relay_is_polled_on_the_other() {
+    if !tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("tasks");
+    let redis = Redis::start();
+    let (a, b) = admin_relays(&redis, &dir, &[]);
+    let register = json!({
+        "type": "register", "worker_name": "gpu", "models": ["m"], "max_concurrent": 1,
+        "protocol_version": "1", "features": ["lifecycle"], "loaded_models": [],
+    });
+    let worker =
+        match FakeWorker::try_connect(a.addr, "/v1/worker/connect", Some(common::SECRET), register)
+        {
+            common::Upgrade::Ok(w) => w,
+            common::Upgrade::Refused(s) => panic!("refused {s}"),
+        };
+    a.wait_workers(1);
+    let r = admin(
+        a.addr,
+        "POST",
+        "/v1/models/load",
+        Some(json!({"modelId": "m"})),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let task = r.json()["taskId"].as_str().expect("taskId").to_string();
+    let path = format!("/v1/models/load/{task}");
+    let on_b = |what: &str, field: &str, want: Value| {
+        wait_until(what, || {
+            let r = request(b.addr, "GET", &path, None, &[]);
+            (r.status == 200 && r.json()[field] == want, r.text())
+        });
+    };
+    on_b("B to see the task", "status", json!("loading"));
+    let op = loop {
+        if let ServerMessage::ModelOperation(op) = worker.recv() {
+            break op.operation_id;
+        }
+    };
+    let status = |status: &str, progress: Option<f64>| {
+        worker.send(
+            json!({"type": "operation_status", "operation_id": op, "status": status,
+                           "progress": progress, "backend": "ollama"}),
+        );
+    };
+    status("running", Some(0.5));
+    on_b("B to see its progress", "progress", json!(0.5));
+    status("completed", None);
+    on_b("B to see it completed", "status", json!("completed"));
+    let unknown = request(b.addr, "GET", "/v1/models/load/load-1", None, &[]);
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
     let _ = std::fs::remove_dir_all(&dir);
 }

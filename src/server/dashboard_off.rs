@@ -12,6 +12,12 @@ use super::Ctx;
 #[derive(Default)]
 pub struct Dashboard {}
 
+impl Dashboard {
+    pub fn with_store(_store: &super::store::Store) -> Dashboard {
+        Dashboard {}
+    }
+}
+
 /// Whether `path` belongs to the dashboard or the setup wizard.
 pub fn owns(path: &str) -> bool {
     ["/dashboard", "/setup"]

@@ -165,7 +165,10 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let governance =
         lifecycle::governance::Governance::with_store(&cfg.governance, &store, usage::unix_now())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    let usage = usage::Ledger::open(&cfg.state_dir, persist, cfg.usage_retention_days)
+    let mirror = store
+        .usage_mirror(cfg.usage_retention_days)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let usage = usage::Ledger::open(&cfg.state_dir, persist, cfg.usage_retention_days, mirror)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     #[cfg(feature = "server-tls")]
     let tls = match &cfg.tls {
@@ -182,6 +185,9 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let mut core = Dispatcher::new(cfg.dispatch.clone(), Instant::now());
     let sleepers = power::SleeperStore::new(&cfg.state_dir);
     core.restore_sleepers(sleepers.load(), Instant::now());
+    if store.is_shared() {
+        core.number_tasks_from(random_start());
+    }
     let dispatcher = {
         let shared = shared.clone();
         std::thread::Builder::new()
@@ -191,12 +197,12 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     let ctx = Arc::new(Ctx {
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
-        gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store),
+        gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store, &shared),
+        dashboard: dashboard::Dashboard::with_store(&store),
         store,
         keys,
         usage,
         governance,
-        dashboard: dashboard::Dashboard::default(),
         resume: resume::Registry::new(cfg.resume.clone()),
         #[cfg(feature = "server-tls")]
         tls,
@@ -215,10 +221,11 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     {
         let (hub, inputs) = (ctx.usage.hub.clone(), ctx.inputs.clone());
         let (journal, shared) = (ctx.usage.shared_journal(), ctx.shared.clone());
+        let mirror = ctx.usage.mirror().cloned();
         std::thread::Builder::new()
             .name("usage-stream".into())
             .stack_size(THREAD_STACK)
-            .spawn(move || usage::stream::run_publisher(hub, inputs, journal, shared))?;
+            .spawn(move || usage::stream::run_publisher(hub, inputs, journal, mirror, shared))?;
     }
     #[cfg(feature = "dashboard")]
     {

@@ -61,6 +61,11 @@ impl Shared {
         }
     }
 
+    /// How many relays the workers report serving (at least 1).
+    pub fn relays_reported(&self) -> usize {
+        self.relays_reported.load(Ordering::Relaxed).max(1)
+    }
+
     pub fn set_models(&self, models: Vec<String>) {
         *self.models.write() = Arc::new(models);
     }

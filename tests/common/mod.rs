@@ -20,6 +20,7 @@ use tungstenite::Message;
 
 pub mod fake_server;
 pub mod procs;
+pub mod redis;
 pub mod sse;
 
 pub const SECRET: &str = "s3cret";
@@ -437,6 +438,19 @@ pub fn admin_call(
             ("content-type", "application/json"),
         ],
     )
+}
+
+/// One chat request for model `m` as `tenant`; its status (429 when rate-limited).
+pub fn chat_as(addr: SocketAddr, tenant: &str) -> u16 {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    request(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+        &[("x-tenant-id", tenant)],
+    )
+    .status
 }
 
 pub fn post(addr: SocketAddr, path: &str, body: &str) -> Response {

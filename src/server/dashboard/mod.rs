@@ -36,6 +36,16 @@ pub struct Dashboard {
     pub downloads: setup::Checksums,
 }
 
+impl Dashboard {
+    /// Sessions shared through `store` when it is shared (valid on every relay).
+    pub fn with_store(store: &super::store::Store) -> Dashboard {
+        Dashboard {
+            sessions: session::Sessions::with_mirror(store.session_mirror()),
+            ..Dashboard::default()
+        }
+    }
+}
+
 /// Scripts, styles and images only from here; no inline code, no framing, forms post
 /// only to us.
 pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";

@@ -8,6 +8,11 @@
 //! sessions go first, then the oldest. Sessions live in memory only; a restart signs
 //! everyone out. At most [`CAPACITY`] entries, so a list searched in order does (a map
 //! would cost more binary than it saves).
+//!
+//! With a shared store (`STATE_URL`) each session's hash and expiry are also kept there,
+//! so a sign-in on one relay is valid on every relay until it expires or signs out: a
+//! relay asks the store about a session it does not know, or has not checked for
+//! [`VERIFY`]. While the store is unreachable, sessions this relay knows keep working.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +20,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::server::http::request::Request;
+use crate::server::store::SessionMirror;
 
 /// The cookie's name.
 pub const COOKIE: &str = "modelrelay_session";
@@ -25,6 +31,10 @@ pub const CAPACITY: usize = 64;
 /// Event streams one session may hold open (one per tab; this only stops a runaway).
 pub const MAX_STREAMS: u32 = 8;
 
+/// How long a session the shared store confirmed is trusted without asking again (a
+/// sign-out on another relay takes effect here within this).
+pub const VERIFY: Duration = Duration::from_secs(1);
+
 /// The server-side key of a session: SHA-256 of its id.
 pub type Key = [u8; 32];
 
@@ -33,12 +43,16 @@ struct Entry {
     key: Key,
     expires: Instant,
     streams: u32,
+    /// When the shared store last confirmed it.
+    verified: Instant,
 }
 
 /// The session table.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Sessions {
     table: Mutex<Vec<Entry>>,
+    /// Where every relay finds the sessions (with a shared store).
+    mirror: Option<Box<dyn SessionMirror>>,
 }
 
 fn key_of(id: &str) -> Key {
@@ -46,13 +60,38 @@ fn key_of(id: &str) -> Key {
 }
 
 impl Sessions {
+    /// Sessions shared with the other relays through `mirror`.
+    pub fn with_mirror(mirror: Option<Box<dyn SessionMirror>>) -> Sessions {
+        Sessions {
+            table: Mutex::default(),
+            mirror,
+        }
+    }
+
     /// Starts a session; returns its id (the cookie value), or `None` when the system
     /// has no randomness to give.
     pub fn create(&self, now: Instant) -> Option<String> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).ok()?;
         let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let key = key_of(&id);
+        self.insert(key, now + TTL, now);
+        if let Some(mirror) = &self.mirror {
+            if let Err(e) = mirror.put(&key, TTL) {
+                log::warn!("dashboard session valid on this relay only: {e}");
+            }
+        }
+        Some(id)
+    }
+
+    /// Adds (or renews) a session; when full, expired ones go first, then the oldest.
+    fn insert(&self, key: Key, expires: Instant, now: Instant) {
         let mut table = self.table.lock();
+        if let Some(e) = table.iter_mut().find(|e| e.key == key) {
+            e.expires = expires;
+            e.verified = now;
+            return;
+        }
         if table.len() >= CAPACITY {
             table.retain(|e| e.expires > now);
         }
@@ -61,36 +100,59 @@ impl Sessions {
             table.remove(0);
         }
         table.push(Entry {
-            key: key_of(&id),
-            expires: now + TTL,
+            key,
+            expires,
             streams: 0,
+            verified: now,
         });
-        Some(id)
     }
 
     /// The session `req` carries, if it is live.
     pub fn check(&self, req: &Request, now: Instant) -> Option<Key> {
-        let id = cookie(req, COOKIE)?;
-        let key = key_of(id);
-        let mut table = self.table.lock();
-        let i = table.iter().position(|e| e.key == key)?;
-        if table[i].expires > now {
-            return Some(key);
-        }
-        table.remove(i);
-        None
+        let key = key_of(cookie(req, COOKIE)?);
+        self.is_live(&key, now).then_some(key)
     }
 
-    /// Whether `key` is still live (streams check it at every wake-up).
+    /// Whether `key` is still live (streams check it at every wake-up). With a shared
+    /// store, one this relay has not confirmed for [`VERIFY`] is looked up there.
     pub fn is_live(&self, key: &Key, now: Instant) -> bool {
-        self.table
-            .lock()
-            .iter()
-            .any(|e| e.key == *key && e.expires > now)
+        let local = {
+            let mut table = self.table.lock();
+            match table.iter().position(|e| e.key == *key) {
+                Some(i) if table[i].expires <= now => {
+                    table.remove(i);
+                    return false;
+                }
+                Some(i) if now.saturating_duration_since(table[i].verified) < VERIFY => {
+                    return true;
+                }
+                found => found.is_some(),
+            }
+        };
+        let Some(mirror) = &self.mirror else {
+            return local;
+        };
+        match mirror.remaining(key) {
+            Ok(Some(left)) => {
+                self.insert(*key, now + left.min(TTL), now);
+                true
+            }
+            Ok(None) => {
+                self.table.lock().retain(|e| e.key != *key);
+                false
+            }
+            // The store is away: what this relay knows stands.
+            Err(_) => local,
+        }
     }
 
     pub fn remove(&self, key: &Key) {
         self.table.lock().retain(|e| e.key != *key);
+        if let Some(mirror) = &self.mirror {
+            if let Err(e) = mirror.remove(key) {
+                log::warn!("dashboard sign-out not shared with the other relays: {e}");
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -320,5 +382,59 @@ mod tests {
             Some("https://other.example.com")
         ));
         assert_eq!(origin_of("https://a.b:9/x/y"), "https://a.b:9");
+    }
+
+    /// A store whose sessions the test sets, or that is unreachable.
+    #[derive(Default)]
+    struct FakeStore {
+        sessions: Mutex<Vec<(Key, Duration)>>,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl SessionMirror for std::sync::Arc<FakeStore> {
+        fn put(&self, key: &Key, ttl: Duration) -> Result<(), String> {
+            self.sessions.lock().push((*key, ttl));
+            Ok(())
+        }
+        fn remaining(&self, key: &Key) -> Result<Option<Duration>, String> {
+            if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err("down".into());
+            }
+            Ok(self
+                .sessions
+                .lock()
+                .iter()
+                .find(|e| e.0 == *key)
+                .map(|e| e.1))
+        }
+        fn remove(&self, key: &Key) -> Result<(), String> {
+            self.sessions.lock().retain(|e| e.0 != *key);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn with_a_shared_store_a_session_from_another_relay_holds_until_signed_out_there() {
+        let store = std::sync::Arc::new(FakeStore::default());
+        let here = Sessions::with_mirror(Some(Box::new(store.clone())));
+        let there = Sessions::with_mirror(Some(Box::new(store.clone())));
+        let t = Instant::now();
+        let id = there.create(t).unwrap();
+        let cookie = format!("{COOKIE}={id}");
+        let key = here
+            .check(&req(&[("cookie", &cookie)]), t)
+            .expect("known from the store");
+        // Confirmed a moment ago: no need to ask; later, the store's word counts.
+        there.remove(&key);
+        assert!(here.is_live(&key, t + VERIFY / 2));
+        assert!(!here.is_live(&key, t + VERIFY));
+        // While the store is unreachable, what this relay knows stands.
+        let id = there.create(t).unwrap();
+        let key = here
+            .check(&req(&[("cookie", &format!("{COOKIE}={id}"))]), t)
+            .unwrap();
+        store.down.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(here.is_live(&key, t + 2 * VERIFY));
+        assert!(!here.is_live(&key, t + TTL), "expired all the same");
     }
 }

@@ -186,6 +186,12 @@ fn task_number(task_id: &str) -> Option<u64> {
 }
 
 impl Dispatcher {
+    /// Numbers this relay's tasks from `first` on: relays sharing a store start apart,
+    /// so that a task id names one task across the fleet.
+    pub fn number_tasks_from(&mut self, first: u64) {
+        self.tasks.next = first;
+    }
+
     /// Starts an operation: picks the workers, sends them `model_operation`, and arms
     /// the timeout. Answers the task as it stands.
     pub fn start_operation(

@@ -7,3 +7,4 @@
 pub mod capabilities;
 pub mod governance;
 pub mod routes;
+pub mod shared_tasks;

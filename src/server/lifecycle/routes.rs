@@ -152,13 +152,21 @@ pub fn task(conn: &mut Conn, ctx: &Ctx, req: &Request, task_id: &str) -> bool {
         authorize_client(ctx, req, conn.peer.ip())?;
         match ask(&ctx.inputs, Query::Task(task_id.to_string())) {
             Some(Answer::Task(Some(task))) => Ok((200, task_json(&task))),
-            Some(Answer::Task(None)) => Err(ApiError::new(
-                404,
-                "task_not_found",
-                format!(
-                    "no task {task_id:?} (finished tasks are kept for a while, then forgotten)"
-                ),
-            )),
+            Some(Answer::Task(None)) => ctx
+                .store
+                .task_mirror()
+                // Started on another relay?
+                .and_then(|m| super::shared_tasks::lookup(m.as_ref(), task_id))
+                .map(|task| (200, task))
+                .ok_or_else(|| {
+                    ApiError::new(
+                        404,
+                        "task_not_found",
+                        format!(
+                            "no task {task_id:?} (finished tasks are kept for a while, then forgotten)"
+                        ),
+                    )
+                }),
             _ => Err(ApiError::new(
                 503,
                 "shutting_down",
@@ -245,7 +253,13 @@ fn start(
         runner,
     };
     match ask(&ctx.inputs, Query::StartOperation(req, timeout)) {
-        Some(Answer::Operation(Ok(task))) => Ok(task),
+        Some(Answer::Operation(Ok(task))) => {
+            if let Some(mirror) = ctx.store.task_mirror() {
+                let (inputs, shared) = (ctx.inputs.clone(), ctx.shared.clone());
+                super::shared_tasks::follow(task.task_id.clone(), mirror, inputs, shared);
+            }
+            Ok(task)
+        }
         Some(Answer::Operation(Err(r))) => Err(refusal(&r)),
         _ => Err(ApiError::new(
             503,

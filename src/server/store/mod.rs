@@ -8,15 +8,22 @@
 //! own limiter (logged once per transition).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[cfg(feature = "governance")]
 use crate::server::lifecycle::governance::replay::Remembered;
+use crate::server::shared::Shared;
 use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
+use crate::server::usage::journal::{Key, Usage};
 
 mod local;
 #[cfg(feature = "redis-store")]
 pub mod redis;
+#[cfg(feature = "redis-store")]
+mod redis_sessions;
+#[cfg(feature = "redis-store")]
+mod redis_usage;
 
 /// The op-token replay store: remembers a nonce once, durably.
 #[cfg(feature = "governance")]
@@ -30,6 +37,41 @@ pub trait Nonces: Send + Sync {
 pub trait KeyMirror: Send + Sync {
     /// Makes `record` (hashed secret only) the fleet's version of that key.
     fn publish(&self, record: &crate::server::keys::KeyRecord) -> Result<(), String>;
+}
+
+/// Usage across relays: each relay publishes its own journal's buckets (absolute values,
+/// so publishing again never counts twice) and reads the other relays'.
+pub trait UsageMirror: Send + Sync {
+    /// Makes `buckets` (this relay's, absolute) and this relay's `totals` the store's.
+    /// `Ok(true)` when the store did not know this relay (new, or the store lost its
+    /// data): everything must be published again.
+    fn publish(&self, buckets: &[(Key, Usage)], totals: Usage) -> Result<bool, String>;
+    /// The other relays' buckets of hours `from_hour..to_hour`.
+    fn others(&self, from_hour: u64, to_hour: u64) -> Result<Others, String>;
+    /// The sum of the other relays' totals.
+    fn others_totals(&self) -> Result<Usage, String>;
+}
+
+/// What the other relays published.
+#[derive(Debug, Default)]
+pub struct Others {
+    /// Relays that ever published, this one included.
+    pub relays: usize,
+    pub buckets: Vec<(Key, Usage)>,
+}
+
+/// Dashboard sessions: the SHA-256 of each session id with its remaining life.
+pub trait SessionMirror: Send + Sync {
+    fn put(&self, key: &[u8; 32], ttl: std::time::Duration) -> Result<(), String>;
+    /// The session's remaining life; `Ok(None)` when the store does not have it.
+    fn remaining(&self, key: &[u8; 32]) -> Result<Option<std::time::Duration>, String>;
+    fn remove(&self, key: &[u8; 32]) -> Result<(), String>;
+}
+
+/// Lifecycle tasks: each task's JSON as its relay last published it.
+pub trait TaskMirror: Send + Sync {
+    fn put(&self, task_id: &str, json: &str, keep: std::time::Duration) -> Result<(), String>;
+    fn get(&self, task_id: &str) -> Result<Option<String>, String>;
 }
 
 /// Rate-limit buckets (GCRA), keyed by tenant.
@@ -147,9 +189,11 @@ impl Store {
     }
 
     /// A family of rate-limit buckets (`name`: `requests`, `tokens`) tracking at most
-    /// `capacity` tenants locally.
-    pub fn limits(&self, name: &str, capacity: usize) -> Box<dyn Limits> {
-        let local = RateLimiter::new(capacity);
+    /// `capacity` tenants locally. Kept locally (no shared store, or the store
+    /// unreachable), a limit is this relay's share: divided by the relays its workers
+    /// report (`relays`).
+    pub fn limits(&self, name: &str, capacity: usize, relays: &Arc<Shared>) -> Box<dyn Limits> {
+        let local = local::Share::new(RateLimiter::new(capacity), relays.clone());
         #[cfg(feature = "redis-store")]
         if let Some(shared) = &self.shared {
             return Box::new(redis::SharedLimits::new(shared.clone(), name, local));
@@ -163,6 +207,43 @@ impl Store {
         #[cfg(feature = "redis-store")]
         if let Some(shared) = &self.shared {
             return Some(Box::new(redis::SharedKeys::new(shared.clone())));
+        }
+        None
+    }
+
+    /// Where this relay's usage is published for the others; none without a shared
+    /// store. The relay is known by an id kept in `STATE_DIR/relay.id` (made on first
+    /// use), so a restart publishes over its own figures instead of adding a relay.
+    pub fn usage_mirror(
+        &self,
+        retention_days: u32,
+    ) -> Result<Option<std::sync::Arc<dyn UsageMirror>>, String> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            let id = relay_id(&self.state_dir)?;
+            let mirror = redis_usage::SharedUsage::new(shared.clone(), id, retention_days);
+            return Ok(Some(std::sync::Arc::new(mirror)));
+        }
+        let _ = retention_days;
+        Ok(None)
+    }
+
+    /// Where dashboard sessions are shared; none without a shared store.
+    pub fn session_mirror(&self) -> Option<Box<dyn SessionMirror>> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Some(Box::new(redis_sessions::SharedSessions::new(
+                shared.clone(),
+            )));
+        }
+        None
+    }
+
+    /// Where lifecycle tasks are shared; none without a shared store.
+    pub fn task_mirror(&self) -> Option<Box<dyn TaskMirror>> {
+        #[cfg(feature = "redis-store")]
+        if let Some(shared) = &self.shared {
+            return Some(Box::new(redis_sessions::SharedTasks::new(shared.clone())));
         }
         None
     }
@@ -204,4 +285,24 @@ impl Store {
         }
         false
     }
+}
+
+/// This relay's id in the shared store: read from `dir/relay.id`, or made (random) and
+/// kept there.
+#[cfg(feature = "redis-store")]
+fn relay_id(dir: &Path) -> Result<String, String> {
+    let path = dir.join("relay.id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let id = text.trim();
+        if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Ok(id.to_string());
+        }
+    }
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| format!("cannot make a relay id: {e}"))?;
+    let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    crate::server::private_fs::create_dir(dir)
+        .and_then(|()| std::fs::write(&path, format!("{id}\n")))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(id)
 }

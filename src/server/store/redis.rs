@@ -20,7 +20,7 @@ use crate::server::keys::KeyRecord;
 use crate::server::lifecycle::governance::replay::{Remembered, FORGET_MARGIN_SECS};
 #[cfg(feature = "governance")]
 use crate::server::lifecycle::governance::WINDOW_SECS;
-use crate::server::tenancy::limits::{Decision, Rate, RateLimiter};
+use crate::server::tenancy::limits::{Decision, Rate};
 
 /// Longest wait for a connection or a reply.
 pub const TIMEOUT: Duration = Duration::from_millis(500);
@@ -153,6 +153,7 @@ impl Redis {
 /// counter bumped with every change, in one transaction.
 const KEYS_HASH: &str = "modelrelay:keys";
 const KEYS_VERSION: &str = "modelrelay:keys:version";
+const KEYS_EPOCH: &str = "modelrelay:keys:epoch";
 /// How often each relay looks at the keys' version.
 pub const KEY_POLL: Duration = Duration::from_millis(250);
 
@@ -187,41 +188,73 @@ impl super::KeyMirror for SharedKeys {
 /// copy stays as it was and keeps authenticating.
 pub fn follow_keys(redis: &Redis, ctx: &crate::server::Ctx) {
     let Some(keys) = &ctx.keys else { return };
-    let mut offered = false;
+    // The store's epoch this relay offered its keys to (see `offer`).
+    let mut offered: Option<String> = None;
     let mut seen: Option<u64> = None;
     while !ctx.shared.is_shutting_down() {
-        if !offered {
-            offered = offer(redis, &keys.records()).is_ok();
+        if offered.is_none() {
+            offered = offer(redis, &keys.records()).ok();
         }
-        if offered {
-            if let Ok(Some((version, records))) = fetch(redis, seen) {
-                match keys.replace(records) {
+        if let Some(epoch) = &offered {
+            match fetch(redis, seen, epoch) {
+                Ok(Fetched::Changed(version, records)) => match keys.replace(records) {
                     Ok(()) => seen = Some(version),
                     Err(e) => log::error!("cannot keep the local copy of the shared keys: {e}"),
+                },
+                Ok(Fetched::Lost) => {
+                    // A store restarted without its data: its empty list is not the
+                    // fleet's. Offer ours again rather than forgetting every key.
+                    log::warn!("the shared state store lost its key list; offering this relay's keys again");
+                    offered = None;
+                    seen = None;
                 }
+                Ok(Fetched::Same) | Err(_) => {}
             }
         }
         std::thread::sleep(KEY_POLL);
     }
 }
 
-fn offer(redis: &Redis, records: &[KeyRecord]) -> Result<(), String> {
+/// Adds this relay's keys the store lacks; returns the store's epoch: a random mark
+/// the first relay to offer sets, which a store restarted without its data no longer
+/// has (so every relay offers again, whoever writes to the store first).
+fn offer(redis: &Redis, records: &[KeyRecord]) -> Result<String, String> {
+    let mut mark = [0u8; 8];
+    getrandom::fill(&mut mark).map_err(|e| e.to_string())?;
+    let mark: String = mark.iter().map(|b| format!("{b:02x}")).collect();
     let mut pipe = redis::pipe();
     pipe.atomic();
+    pipe.set_nx(KEYS_EPOCH, mark).ignore();
     for r in records {
         let json = serde_json::to_string(r).map_err(|e| e.to_string())?;
         pipe.hset_nx(KEYS_HASH, &r.id, json).ignore();
     }
     pipe.incr(KEYS_VERSION, 1).ignore();
-    redis.call(|c| pipe.query::<()>(c))
+    pipe.get(KEYS_EPOCH);
+    let (epoch,): (String,) = redis.call(|c| pipe.query(c))?;
+    Ok(epoch)
+}
+
+enum Fetched {
+    Same,
+    Changed(u64, Vec<KeyRecord>),
+    /// The store's epoch is not the one this relay offered its keys to: it lost them.
+    Lost,
 }
 
 /// The store's keys when their version is not `seen`.
-fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Option<(u64, Vec<KeyRecord>)>, String> {
-    let version: Option<u64> = redis.call(|c| redis::cmd("GET").arg(KEYS_VERSION).query(c))?;
-    let version = version.unwrap_or(0);
+fn fetch(redis: &Redis, seen: Option<u64>, epoch: &str) -> Result<Fetched, String> {
+    let (version, now): (Option<u64>, Option<String>) = redis.call(|c| {
+        redis::cmd("MGET")
+            .arg(KEYS_VERSION)
+            .arg(KEYS_EPOCH)
+            .query(c)
+    })?;
+    let (Some(version), true) = (version, now.as_deref() == Some(epoch)) else {
+        return Ok(Fetched::Lost);
+    };
     if seen == Some(version) {
-        return Ok(None);
+        return Ok(Fetched::Same);
     }
     let all: std::collections::HashMap<String, String> =
         redis.call(|c| redis::cmd("HGETALL").arg(KEYS_HASH).query(c))?;
@@ -240,7 +273,7 @@ fn fetch(redis: &Redis, seen: Option<u64>) -> Result<Option<(u64, Vec<KeyRecord>
             },
         )
         .collect();
-    Ok(Some((version, records)))
+    Ok(Fetched::Changed(version, records))
 }
 
 /// Op-token nonces as `SET key 1 NX PX ttl`: the first relay to set it wins, every
@@ -318,18 +351,18 @@ redis.call('PEXPIRE', KEYS[1], math.floor(level / amount / 1000) + 1000)
 return {allowed, level}
 ";
 
-/// Rate-limit buckets in Redis, with this relay's own limiter as the fall-back while
-/// the store is unreachable.
+/// Rate-limit buckets in Redis, with this relay's share (the limit divided by the live
+/// relay count) as the fall-back while the store is unreachable.
 pub struct SharedLimits {
     redis: Arc<Redis>,
     script: redis::Script,
     /// `modelrelay:rl:<name>:`
     prefix: String,
-    local: RateLimiter,
+    local: super::local::Share,
 }
 
 impl SharedLimits {
-    pub fn new(redis: Arc<Redis>, name: &str, local: RateLimiter) -> SharedLimits {
+    pub fn new(redis: Arc<Redis>, name: &str, local: super::local::Share) -> SharedLimits {
         SharedLimits {
             redis,
             script: redis::Script::new(GCRA),

@@ -46,17 +46,23 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// A gate whose limiters live in this relay.
+    /// A gate whose limiters live in this relay, alone.
     pub fn new(policy: Policy) -> Gate {
-        Gate::with_store(policy, &Store::local(std::path::Path::new("")))
+        let store = Store::local(std::path::Path::new(""));
+        Gate::with_store(policy, &store, &crate::server::shared::Shared::new())
     }
 
-    /// A gate whose buckets live where `store` keeps limits.
-    pub fn with_store(policy: Policy, store: &Store) -> Gate {
+    /// A gate whose buckets live where `store` keeps limits; kept per relay, they are
+    /// divided by the relays the workers report (`relays`).
+    pub fn with_store(
+        policy: Policy,
+        store: &Store,
+        relays: &std::sync::Arc<crate::server::shared::Shared>,
+    ) -> Gate {
         Gate {
             policy,
-            requests: store.limits("requests", TRACKED_TENANTS),
-            tokens: store.limits("tokens", TRACKED_TENANTS),
+            requests: store.limits("requests", TRACKED_TENANTS, relays),
+            tokens: store.limits("tokens", TRACKED_TENANTS, relays),
         }
     }
 

@@ -31,7 +31,7 @@
 //! journal, fsync the directory. The file thus stays under about twice its compacted
 //! size, and memory holds only the live buckets (names interned once).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -185,6 +185,8 @@ struct State {
     names: Names,
     live: HashMap<Slot, Usage>,
     pending: HashMap<Slot, Usage>,
+    /// Buckets changed since the shared store last took them (`None`: no shared store).
+    unpublished: Option<HashSet<Slot>>,
     totals: Usage,
     newest_hour: u64,
     pruned_at_hour: u64,
@@ -237,6 +239,9 @@ impl State {
         self.live.entry(slot).or_default().add(usage);
         if pending {
             self.pending.entry(slot).or_default().add(usage);
+            if let Some(unpublished) = &mut self.unpublished {
+                unpublished.insert(slot);
+            }
         }
         self.totals.add(usage);
         self.newest_hour = self.newest_hour.max(slot.hour);
@@ -248,6 +253,9 @@ impl State {
         self.pruned_at_hour = self.newest_hour;
         self.live.retain(|slot, _| slot.hour >= cutoff);
         self.pending.retain(|slot, _| slot.hour >= cutoff);
+        if let Some(unpublished) = &mut self.unpublished {
+            unpublished.retain(|slot| slot.hour >= cutoff);
+        }
         let mut totals = Usage::default();
         for usage in self.live.values() {
             totals.add(usage);
@@ -493,6 +501,58 @@ impl Journal {
         rows
     }
 
+    /// Starts tracking what the shared store lacks: every live bucket to begin with (a
+    /// restarted relay publishes all it has again; absolute values, so nothing adds twice).
+    pub fn track_unpublished(&self) {
+        let mut state = self.state.lock();
+        let all = state.live.keys().copied().collect();
+        state.unpublished = Some(all);
+    }
+
+    /// The buckets changed since the last call, with their absolute values now; they
+    /// count as published until [`Journal::mark_unpublished`] puts them back.
+    pub fn take_unpublished(&self) -> Vec<(Key, Usage)> {
+        let mut state = self.state.lock();
+        let Some(slots) = state.unpublished.as_mut().map(std::mem::take) else {
+            return Vec::new();
+        };
+        let name = |id: u32| state.names.get(id).to_string();
+        slots
+            .into_iter()
+            .filter_map(|slot| {
+                let usage = *state.live.get(&slot)?;
+                let key = Key {
+                    hour: slot.hour,
+                    key: name(slot.key),
+                    tenant: name(slot.tenant),
+                    model: name(slot.model),
+                    worker: name(slot.worker),
+                };
+                Some((key, usage))
+            })
+            .collect()
+    }
+
+    /// Puts buckets back after a failed publication, for the next one.
+    pub fn mark_unpublished(&self, keys: impl IntoIterator<Item = Key>) {
+        let mut state = self.state.lock();
+        for key in keys {
+            let slot = state.names.slot(&key);
+            if let Some(unpublished) = &mut state.unpublished {
+                unpublished.insert(slot);
+            }
+        }
+    }
+
+    /// Whether some bucket still waits for the shared store.
+    pub fn has_unpublished(&self) -> bool {
+        self.state
+            .lock()
+            .unpublished
+            .as_ref()
+            .is_some_and(|u| !u.is_empty())
+    }
+
     /// The sum of every live bucket (flushed or not).
     pub fn totals(&self) -> Usage {
         self.state.lock().totals
@@ -513,6 +573,7 @@ impl Journal {
 }
 
 mod file;
+pub use file::bucket_start;
 use file::*;
 
 #[cfg(test)]

@@ -6,6 +6,10 @@
 //!   and keeps it flushed by a background thread (at most half a second behind).
 //! - [`query`]: `GET /admin/usage` (JSON or CSV) over the journal.
 //! - [`stream`]: `GET /api/usage-stream`, live snapshots fanned out to subscribers.
+//!
+//! With a shared store (`STATE_URL`) the flusher also publishes each flushed bucket's
+//! absolute value there ([`crate::server::store::UsageMirror`]), and the report and the
+//! stream add the other relays' figures: the fleet's totals on every relay.
 
 pub mod journal;
 pub mod query;
@@ -15,14 +19,19 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use log::{info, warn};
 
+use crate::server::store::UsageMirror;
 use journal::{Journal, Key, Usage};
 
 /// How long a recorded request may wait in memory before the flusher writes it. Well
 /// under the promised second, so the fsync's own time fits inside it too.
 const FLUSH_DELAY: Duration = Duration::from_millis(500);
+/// How often a publication the shared store missed is tried again.
+const PUBLISH_RETRY: Duration = Duration::from_secs(1);
+/// How often an idle relay checks that the shared store still has its figures.
+const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// Placeholder for "no API key" / "no worker" in the journal and its reports.
 pub const NONE: &str = "-";
@@ -36,6 +45,8 @@ pub struct Ledger {
     dirty: Sender<()>,
     /// Subscribers of `/api/usage-stream`.
     pub hub: Arc<stream::Hub>,
+    /// Where the other relays' usage is (with a shared store).
+    mirror: Option<Arc<dyn UsageMirror>>,
 }
 
 /// One finished request, as the ledger records it.
@@ -48,9 +59,16 @@ pub struct Entry<'a> {
 }
 
 impl Ledger {
-    /// Opens the journal in `dir` (when `persist`) and starts its flusher thread.
-    pub fn open(dir: &Path, persist: bool, retention_days: u32) -> Result<Ledger, String> {
+    /// Opens the journal in `dir` (when `persist`) and starts its flusher thread, which
+    /// also publishes to `mirror` when there is one.
+    pub fn open(
+        dir: &Path,
+        persist: bool,
+        retention_days: u32,
+        mirror: Option<Arc<dyn UsageMirror>>,
+    ) -> Result<Ledger, String> {
         let (dirty, wake) = crossbeam_channel::bounded(1);
+        let mirror = mirror.filter(|_| persist);
         let journal = if persist {
             let journal = Arc::new(Journal::open(dir, retention_days, unix_now())?);
             let stats = journal.stats();
@@ -61,11 +79,14 @@ impl Ledger {
                 stats.file_records,
                 stats.file_bytes
             );
-            let flushed = journal.clone();
+            if mirror.is_some() {
+                journal.track_unpublished();
+            }
+            let (flushed, publish) = (journal.clone(), mirror.clone());
             std::thread::Builder::new()
                 .name("usage-flush".into())
                 .stack_size(super::THREAD_STACK)
-                .spawn(move || flush_loop(&flushed, &wake))
+                .spawn(move || flush_loop(&flushed, &wake, publish.as_deref()))
                 .map_err(|e| format!("cannot start the usage flusher: {e}"))?;
             Some(journal)
         } else {
@@ -75,6 +96,7 @@ impl Ledger {
             journal,
             dirty,
             hub: Arc::new(stream::Hub::default()),
+            mirror,
         })
     }
 
@@ -111,11 +133,18 @@ impl Ledger {
         self.journal.clone()
     }
 
-    /// Writes what is still in memory (at shutdown).
+    /// Where the other relays' usage is, with a shared store.
+    pub fn mirror(&self) -> Option<&Arc<dyn UsageMirror>> {
+        self.mirror.as_ref()
+    }
+
+    /// Writes what is still in memory (at shutdown), and publishes it.
     pub fn flush(&self) {
         if let Some(journal) = &self.journal {
             if let Err(e) = journal.flush() {
                 warn!("usage journal: final flush failed: {e}");
+            } else if let Some(mirror) = &self.mirror {
+                let _ = publish(journal, mirror.as_ref());
             }
         }
     }
@@ -179,11 +208,22 @@ impl Ledger {
 }
 
 /// Sleeps until something was recorded, waits [`FLUSH_DELAY`] to batch the burst, then
-/// appends it. Idle servers never wake up.
-fn flush_loop(journal: &Journal, wake: &Receiver<()>) {
+/// appends it (and publishes it to `mirror`). Idle servers never wake up, except with a
+/// shared store: to retry a publication every [`PUBLISH_RETRY`] while the store is
+/// unreachable, and every [`HEARTBEAT`] to notice a store that lost its data.
+fn flush_loop(journal: &Journal, wake: &Receiver<()>, mirror: Option<&dyn UsageMirror>) {
     let mut failing = false;
-    while wake.recv().is_ok() {
-        std::thread::sleep(FLUSH_DELAY);
+    loop {
+        let woke = match mirror {
+            None => wake.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(_) if journal.has_unpublished() => wake.recv_timeout(PUBLISH_RETRY),
+            Some(_) => wake.recv_timeout(HEARTBEAT),
+        };
+        match woke {
+            Ok(()) => std::thread::sleep(FLUSH_DELAY),
+            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
         match journal.flush() {
             Ok(()) if failing => {
                 info!("usage journal: writing again");
@@ -203,6 +243,30 @@ fn flush_loop(journal: &Journal, wake: &Receiver<()>) {
                 info!("usage journal: writing again");
                 failing = false;
             }
+        }
+        // Only what is on disk is published: a relay killed before its flush never has
+        // more in the store than in its journal.
+        if let (Some(mirror), false) = (mirror, failing) {
+            let _ = publish(journal, mirror);
+        }
+    }
+}
+
+/// Publishes the buckets changed since the last publication (at least this relay's
+/// totals); on failure they wait for the next (the store logs its own unreachability).
+/// A store that did not know this relay gets everything again at the next call.
+fn publish(journal: &Journal, mirror: &dyn UsageMirror) -> Result<(), String> {
+    let buckets = journal.take_unpublished();
+    match mirror.publish(&buckets, journal.totals()) {
+        Ok(unknown) => {
+            if unknown {
+                journal.track_unpublished();
+            }
+            Ok(())
+        }
+        Err(e) => {
+            journal.mark_unpublished(buckets.into_iter().map(|(key, _)| key));
+            Err(e)
         }
     }
 }

@@ -9,7 +9,9 @@
 
 use serde_json::{json, Value};
 
-use super::journal::{Bucket, GroupBy, Journal, Row, Usage};
+use std::collections::BTreeMap;
+
+use super::journal::{bucket_start, Bucket, GroupBy, Journal, Key, Row, Usage};
 use super::unix_now;
 use crate::rfc3339;
 use crate::server::auth::authorize_admin;
@@ -86,6 +88,34 @@ fn invalid(name: &str, value: &str, expected: &str) -> ApiError {
 impl Report {
     pub fn rows(&self, journal: &Journal) -> Vec<Row> {
         journal.query(self.from / 3600, self.to / 3600, self.group_by, self.bucket)
+    }
+
+    /// `rows` (this relay's) with the other relays' buckets added in, same grouping
+    /// and order.
+    pub fn with_others(&self, rows: Vec<Row>, others: &[(Key, Usage)]) -> Vec<Row> {
+        let mut sums: BTreeMap<(u64, String), Usage> = rows
+            .into_iter()
+            .map(|r| ((r.start, r.group), r.usage))
+            .collect();
+        let (from, to) = (self.from / 3600, self.to / 3600);
+        for (key, usage) in others.iter().filter(|(k, _)| k.hour >= from && k.hour < to) {
+            let group = match self.group_by {
+                GroupBy::Key => &key.key,
+                GroupBy::Tenant => &key.tenant,
+                GroupBy::Model => &key.model,
+                GroupBy::Worker => &key.worker,
+            };
+            sums.entry((bucket_start(key.hour, self.bucket), group.clone()))
+                .or_default()
+                .add(usage);
+        }
+        sums.into_iter()
+            .map(|((start, group), usage)| Row {
+                start,
+                group,
+                usage,
+            })
+            .collect()
     }
 
     fn group_name(&self) -> &'static str {
@@ -188,12 +218,28 @@ pub fn serve(conn: &mut Conn, ctx: &Ctx, req: &Request) -> bool {
         Ok(r) => r,
         Err(e) => return write_error(conn, Style::OpenAi, &e, keep, None),
     };
-    let rows = report.rows(journal);
+    let mut rows = report.rows(journal);
+    // With a shared store: the fleet's figures, or this relay's alone (said in the
+    // answer) while the store is unreachable.
+    let mut fleet = None;
+    if let Some(mirror) = ctx.usage.mirror() {
+        fleet = Some(match mirror.others(report.from / 3600, report.to / 3600) {
+            Ok(others) => {
+                rows = report.with_others(rows, &others.buckets);
+                json!({"complete": true, "relays": others.relays})
+            }
+            Err(e) => json!({"complete": false, "error": e}),
+        });
+    }
     if wants_csv(req) {
         let body = report.csv(&rows);
         conn.write_full(200, "text/csv; charset=utf-8", body.as_bytes(), keep)
     } else {
-        conn.write_json(200, &report.json(&rows), keep)
+        let mut body = report.json(&rows);
+        if let Some(fleet) = fleet {
+            body["fleet"] = fleet;
+        }
+        conn.write_json(200, &body, keep)
     }
 }
 

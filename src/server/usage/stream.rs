@@ -11,7 +11,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 use serde_json::{json, Value};
 
-use super::journal::Journal;
+use super::journal::{Journal, Usage};
 use crate::server::auth::authorize_admin;
 use crate::server::dispatcher::runtime::{ask, Answer, Input, Query};
 use crate::server::dispatcher::LiveLoad;
@@ -21,20 +21,25 @@ pub use crate::server::fanout::Hub;
 use crate::server::http::request::{Conn, Request};
 use crate::server::reply::write_error;
 use crate::server::shared::Shared;
+use crate::server::store::UsageMirror;
 use crate::server::Ctx;
 
 /// The shortest time between two snapshots.
 pub const INTERVAL: Duration = Duration::from_millis(250);
 
 /// The publisher: while anyone subscribes, asks the dispatcher where requests are every
-/// [`INTERVAL`] and publishes the snapshot when it differs from the last one.
+/// [`INTERVAL`] and publishes the snapshot when it differs from the last one. With a
+/// shared store (`mirror`) the totals are the fleet's: this relay's journal plus what
+/// the other relays published (their last known figures while the store is away).
 pub fn run_publisher(
     hub: Arc<Hub>,
     inputs: Sender<Input>,
     journal: Option<Arc<Journal>>,
+    mirror: Option<Arc<dyn UsageMirror>>,
     shared: Arc<Shared>,
 ) {
     let mut last: Option<Value> = None;
+    let mut others = Usage::default();
     loop {
         if hub.subscribers() == 0 {
             last = None;
@@ -45,7 +50,12 @@ pub fn run_publisher(
             return;
         }
         if let Some(Answer::LiveLoad(load)) = ask(&inputs, Query::LiveLoad) {
-            let snapshot = snapshot(&load, journal.as_deref());
+            if let Some(Ok(now)) = mirror.as_ref().map(|m| m.others_totals()) {
+                others = now;
+            }
+            let mut totals = journal.as_ref().map(|j| j.totals()).unwrap_or_default();
+            totals.add(&others);
+            let snapshot = snapshot(&load, totals);
             if last.as_ref() != Some(&snapshot) {
                 let mut stamped = snapshot.clone();
                 stamped["time"] = json!(crate::rfc3339::format_ms(unix_ms()));
@@ -58,7 +68,7 @@ pub fn run_publisher(
 }
 
 /// The snapshot without its timestamp (so equal states compare equal).
-pub fn snapshot(load: &LiveLoad, journal: Option<&Journal>) -> Value {
+pub fn snapshot(load: &LiveLoad, totals: Usage) -> Value {
     let workers: Vec<Value> = load
         .workers
         .iter()
@@ -96,7 +106,6 @@ pub fn snapshot(load: &LiveLoad, journal: Option<&Journal>) -> Value {
             })
         })
         .collect();
-    let totals = journal.map(|j| j.totals()).unwrap_or_default();
     json!({
         "in_flight": load.workers.values().flat_map(|m| m.values()).sum::<usize>(),
         "queued": load.queued.values().sum::<usize>(),
@@ -144,7 +153,7 @@ mod tests {
             .insert("w1".into(), [("m".to_string(), 2)].into_iter().collect());
         load.queued.insert("m".into(), 3);
         load.tokens.insert("m".into(), (10, 4));
-        let v = snapshot(&load, None);
+        let v = snapshot(&load, Usage::default());
         assert_eq!(v["in_flight"], 2);
         assert_eq!(v["queued"], 3);
         assert_eq!(v["workers"][0]["name"], "idle");

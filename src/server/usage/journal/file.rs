@@ -25,7 +25,7 @@ pub(super) fn encode(names: &[String], slots: &[(Slot, Usage)]) -> Vec<u8> {
     body
 }
 
-pub(super) fn bucket_start(hour: u64, bucket: Bucket) -> u64 {
+pub fn bucket_start(hour: u64, bucket: Bucket) -> u64 {
     match bucket {
         Bucket::Hour => hour.saturating_mul(3600),
         Bucket::Day => (hour / 24).saturating_mul(86_400),

@@ -311,3 +311,34 @@ fn concurrent_adds_and_flushes_stay_exact() {
     assert_eq!(reopened.totals(), usage(8_000, 16_000, 24_000));
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn unpublished_buckets_are_given_as_absolute_values_and_come_back_after_a_failure() {
+    let dir = temp_dir("publish");
+    let j = Journal::open(&dir, 400, NOW).unwrap();
+    j.add(key(HOUR, "a", "t", "m", "w"), usage(1, 10, 20));
+    assert!(
+        j.take_unpublished().is_empty(),
+        "not tracked without a store"
+    );
+    j.track_unpublished();
+    let all = j.take_unpublished();
+    assert_eq!(all, vec![(key(HOUR, "a", "t", "m", "w"), usage(1, 10, 20))]);
+    assert!(!j.has_unpublished());
+    j.add(key(HOUR, "a", "t", "m", "w"), usage(1, 1, 1));
+    j.add(key(HOUR, "b", "t", "m", "w"), usage(1, 2, 2));
+    let mut changed = j.take_unpublished();
+    changed.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        changed,
+        vec![
+            (key(HOUR, "a", "t", "m", "w"), usage(2, 11, 21)),
+            (key(HOUR, "b", "t", "m", "w"), usage(1, 2, 2)),
+        ],
+        "the bucket's whole value, not the delta"
+    );
+    j.mark_unpublished(changed.into_iter().map(|(k, _)| k));
+    assert!(j.has_unpublished());
+    assert_eq!(j.take_unpublished().len(), 2);
+    let _ = fs::remove_dir_all(&dir);
+}
