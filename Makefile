@@ -12,7 +12,10 @@ EXAMPLEDIR = $(DOCDIR)/examples
 # armv7-unknown-linux-musleabihf, x86_64-pc-windows-gnu (the worker). contrib/cross/cargo.sh
 # installs the rustup target and Debian's cross compiler when missing.
 TARGET ?= x86_64-unknown-linux-musl
-STATIC_FLAGS = $(if $(findstring musl,$(TARGET)),-C target-feature=+crt-static,)
+# The router build (FEATURES=minimal) is also linked non-PIE: 41 KB less on x86_64 (no
+# dynamic relocations to apply at start), at the price of ASLR for the binary's own code
+# and data (stack, heap and mappings stay randomised).
+STATIC_FLAGS = $(if $(findstring musl,$(TARGET)),-C target-feature=+crt-static$(if $(MINIMAL), -C relocation-model=static,),)
 # Windows gets the worker only (the server is for the always-on box).
 BINS = $(if $(findstring windows,$(TARGET)),modelrelay-worker,modelrelay-server modelrelay-worker)
 EXE = $(if $(findstring windows,$(TARGET)),.exe,)
