@@ -84,7 +84,7 @@ impl Dispatcher {
         worker.backend_kind = reg.backend_kind;
         worker.set_model_info(reg.model_info);
         worker.wake = reg.wake;
-        self.box_awake(&worker.name, now);
+        self.box_awake(&mut worker, now);
         let heartbeat_interval_secs = worker
             .features
             .iter()
