@@ -94,6 +94,20 @@ impl H {
     fn tick(&mut self) -> Vec<Action> {
         self.d.tick(self.now)
     }
+
+    /// Worker `id` asks to sleep: `Ok` when granted, else the reason it is refused.
+    fn ask_sleep(&mut self, id: WorkerId) -> Result<(), String> {
+        let event = Event::WorkerSaid(id, WorkerMessage::SleepRequest {});
+        match &self.d.handle(event, self.now)[..] {
+            [Action::ToWorker(w, ServerMessage::SleepAnswer { granted, reason })] if *w == id => {
+                match granted {
+                    true => Ok(()),
+                    false => Err(reason.clone().unwrap_or_default()),
+                }
+            }
+            other => panic!("no sleep answer: {other:?}"),
+        }
+    }
 }
 
 fn wake_peers(actions: &[Action]) -> Vec<(WorkerId, String)> {
@@ -252,12 +266,7 @@ fn sleep_is_refused_to_the_last_worker_of_a_model_with_requests_waiting() {
     h.join(1, "gpu", &["m"], true);
     h.submit(10, "m", false); // in flight
     h.submit(11, "m", false); // queued
-    let a =
-        h.d.handle(Event::WorkerSaid(1, WorkerMessage::SleepRequest {}), h.now);
-    assert!(matches!(
-        &a[..],
-        [Action::ToWorker(1, ServerMessage::SleepAnswer { granted: false, reason: Some(r) })] if r.contains("`m`")
-    ));
+    assert!(h.ask_sleep(1).is_err_and(|r| r.contains("`m`")));
     // Without a wake address the relay could never wake it.
     h.join(2, "plain", &["x"], false);
     let a =
@@ -447,12 +456,7 @@ fn an_operators_pin_outlives_a_reconnect_and_a_restart() {
     h.leave(1);
     h.join(2, "gpu", &["m"], true);
     assert!(h.d.registry().get(2).unwrap().stay_awake);
-    let a =
-        h.d.handle(Event::WorkerSaid(2, WorkerMessage::SleepRequest {}), h.now);
-    assert!(matches!(
-        &a[..],
-        [Action::ToWorker(2, ServerMessage::SleepAnswer { granted: false, reason: Some(r) })] if r.contains("pinned")
-    ));
+    assert!(h.ask_sleep(2).is_err_and(|r| r.contains("pinned")));
     // Another name is not pinned.
     h.join(3, "other", &["m"], true);
     assert!(!h.d.registry().get(3).unwrap().stay_awake);
