@@ -194,14 +194,11 @@ pub fn bad_config(name: &str, message: &str) -> std::process::ExitCode {
     std::process::ExitCode::from(2)
 }
 
-/// Sets up `env_logger` at `level` (the `--log-level`/`LOG_LEVEL` setting); `RUST_LOG`,
-/// when set, wins and allows per-module filters.
+/// Sets up logging to stderr at `level` (the `--log-level`/`LOG_LEVEL` setting); `RUST_LOG`,
+/// when set, wins and allows per-module filters (see [`crate::logger`]).
 pub fn init_logging(level: &str) {
     let level = std::env::var("RUST_LOG").unwrap_or_else(|_| level.to_string());
-    let _ = env_logger::Builder::new()
-        .parse_filters(&level)
-        .format_target(false)
-        .try_init();
+    crate::logger::init(&level);
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! | [`ws`] | WebSocket reader/writer split shared by both binaries |
 //! | [`clock`] | deadlines that saturate instead of overflowing |
 //! | [`cli`] | option tables: flags, environment variables, `--help` |
+//! | [`logger`] | the stderr log lines and their `RUST_LOG`/`LOG_LEVEL` filter |
 //! | [`signals`] | stop and reload requests: Unix signals, the Windows console's Ctrl-C |
 //! | [`rfc3339`] | UTC timestamps as text and back (no calendar crate) |
 //! | [`server`] | the relay: [`server::http`] front, [`server::relay`] client sessions, [`server::worker_socket`], the [`server::dispatcher`] state machine that owns all routing state, and operator endpoints ([`server::ops`]) |
@@ -25,6 +26,7 @@ pub mod cli;
 pub mod clock;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod logger;
 pub mod net;
 pub mod options_doc;
 pub mod power;

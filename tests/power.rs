@@ -139,6 +139,11 @@ fn a_box_that_never_wakes_fails_its_request_naming_it_at_the_wake_timeout() {
     wait_workers(&server, 1);
     gpu.kill();
     wait_workers(&server, 0);
+    // Clients still see the model, so they can ask for it and wake the box.
+    wait_until("/v1/models lists the sleeping box's model", || {
+        let models = request(server.addr, "GET", "/v1/models", None, &[]).json();
+        (models["data"][0]["id"] == "m", models.to_string())
+    });
     let asked = Instant::now();
     let r = post(server.addr, "/v1/chat/completions", &chat("m", false));
     expect_packet(&lan);
@@ -268,9 +273,10 @@ fn an_idle_worker_asks_to_sleep_runs_its_suspend_command_and_the_relay_marks_it_
 }
 
 #[test]
-fn an_operator_pins_a_worker_awake() {
+fn an_operator_pins_a_worker_awake_and_the_pin_outlives_a_reconnect() {
     let server = TestServer::start_admin(|_| {});
-    let _gpu = gpu_box(server.addr, "127.0.0.1:9".parse().expect("addr"));
+    let lan: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let gpu = gpu_box(server.addr, lan);
     wait_workers(&server, 1);
     let id = server.workers()[0]["id"].as_str().expect("id").to_string();
     assert_eq!(server.workers()[0]["wakeable"], true);
@@ -288,6 +294,14 @@ fn an_operator_pins_a_worker_awake() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(server.workers()[0]["stay_awake"], true);
+    // The box drops off and comes back (a new connection, a new worker id): still pinned.
+    gpu.kill();
+    wait_workers(&server, 0);
+    let _gpu = gpu_box(server.addr, lan);
+    wait_workers(&server, 1);
+    let back = &server.workers()[0];
+    assert_ne!(back["id"], id.as_str());
+    assert_eq!(back["stay_awake"], true, "{back}");
     let r = request(
         server.addr,
         "POST",
@@ -341,5 +355,46 @@ fn a_worker_yields_while_its_owner_is_busy_and_then_takes_work_again() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.text().contains("yours again"));
     assert_eq!(server.workers()[0]["power"], "awake");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_energy_saved_adds_up_over_sleeps_and_restarts() {
+    let dir = std::env::temp_dir().join(format!("mr-power-energy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    // A previous run saw the box sleep an hour before, and asleep again for an hour now.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let file = json!({"version": 1, "boxes": [{
+        "name": "gpu", "models": ["m"], "since_unix": now - 3600, "slept_secs": 3600,
+        "wake": {"mac": MAC, "broadcast": "127.0.0.1:9"}
+    }]});
+    std::fs::write(dir.join("sleepers.json"), file.to_string()).expect("write");
+    let state = dir.clone();
+    let server = TestServer::start_admin(move |c| {
+        c.state_dir = state;
+        c.idle_watts = Some(100.0);
+    });
+    let sleeping = || admin_get(&server, "/admin/workers")["sleeping"].clone();
+    assert_eq!(
+        sleeping()[0]["energy_saved_wh"],
+        json!(200.0),
+        "{}",
+        sleeping()
+    );
+    // Awake, it keeps what it saved.
+    let gpu = gpu_box(server.addr, "127.0.0.1:9".parse().expect("addr"));
+    wait_workers(&server, 1);
+    assert_eq!(server.workers()[0]["energy_saved_wh"], json!(200.0));
+    // Asleep again, the next sleep adds to it.
+    gpu.kill();
+    wait_workers(&server, 0);
+    wait_until("gpu is asleep again", || {
+        let s = sleeping();
+        (s[0]["energy_saved_wh"] == json!(200.0), s.to_string())
+    });
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -12,7 +12,9 @@ use super::http::request::{Conn, Request};
 use super::lifecycle::routes as lifecycle;
 #[cfg(feature = "moe")]
 use super::moe;
+#[cfg(feature = "ollama")]
 use super::ollama::routes as ollama;
+#[cfg(feature = "ollama")]
 use super::ollama::translate::Endpoint;
 use super::relay;
 use super::reply::{self, write_error};
@@ -41,7 +43,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
     let extra = &ctx.cfg.extra_routes;
     let relayed = req.method == "POST"
         && (RELAYED_ROUTES.contains(&req.path.as_str())
-            || ollama::endpoint(&req.path).is_some()
+            || cfg!(feature = "ollama") && ollama_endpoint(&req.path)
             || endpoints::spec(&req.path, extra).is_some());
     conn.request_id = if relayed {
         None
@@ -101,6 +103,7 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
             Ok(_) => status::models(&mut conn, ctx, &req),
             Err(e) => write_error(&mut conn, Style::OpenAi, &e, req.keep_alive, None),
         },
+        #[cfg(feature = "ollama")]
         ("POST", path) if ollama::endpoint(path).is_some() => {
             let ep = ollama::endpoint(path).unwrap_or(Endpoint::Chat);
             match authorize_client(ctx, &req, peer.ip())
@@ -110,8 +113,11 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
                 Err(e) => reply::reject(&mut conn, ctx, path, &e, req.keep_alive),
             }
         }
+        #[cfg(feature = "ollama")]
         ("GET" | "HEAD", "/") => ollama::banner(&mut conn, req.method == "HEAD", req.keep_alive),
+        #[cfg(feature = "ollama")]
         ("GET", "/api/version") => ollama::version(&mut conn, req.keep_alive),
+        #[cfg(feature = "ollama")]
         ("GET", "/api/tags" | "/api/ps") | ("POST", "/api/show") => {
             match authorize_client(ctx, &req, peer.ip()) {
                 Ok(_) if req.path == "/api/tags" => ollama::tags(&mut conn, ctx, req.keep_alive),
@@ -119,6 +125,15 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
                 Ok(_) => ollama::show(&mut conn, ctx, &req),
                 Err(e) => write_error(&mut conn, Style::Ollama, &e, req.keep_alive, None),
             }
+        }
+        #[cfg(not(feature = "ollama"))]
+        (_, path) if OLLAMA_ROUTES.contains(&path) || ollama_endpoint(path) => {
+            let e = ApiError::new(
+                404,
+                "ollama_not_built",
+                "this relay was built without Ollama's API (cargo feature `ollama`)",
+            );
+            write_error(&mut conn, Style::Ollama, &e, req.keep_alive, None)
         }
         ("GET", "/health") => status::health(&mut conn, ctx, &req),
         ("GET", "/metrics") => ops::metrics(&mut conn, ctx, &req),
@@ -156,19 +171,30 @@ pub fn route(mut conn: Conn, ctx: &Arc<Ctx>, req: Request) -> Option<Conn> {
     keep.then_some(conn)
 }
 
+/// Ollama's API paths other than the inference ones.
+const OLLAMA_ROUTES: &[&str] = &["/", "/api/version", "/api/tags", "/api/ps", "/api/show"];
+
+/// Whether `path` is one of Ollama's inference routes (`/api/chat`, ...). Without the
+/// `ollama` feature (the router build) every Ollama route answers 404 `ollama_not_built`.
+fn ollama_endpoint(path: &str) -> bool {
+    #[cfg(feature = "ollama")]
+    return ollama::endpoint(path).is_some();
+    #[cfg(not(feature = "ollama"))]
+    return matches!(
+        path,
+        "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings"
+    );
+}
+
 fn is_known(path: &str) -> bool {
     RELAYED_ROUTES.contains(&path)
         || resume::handler::owns(path)
-        || ollama::endpoint(path).is_some()
+        || ollama_endpoint(path)
+        || OLLAMA_ROUTES.contains(&path)
         || [
             "/v1/models",
             "/health",
             "/v1/worker/connect",
-            "/",
-            "/api/version",
-            "/api/tags",
-            "/api/ps",
-            "/api/show",
             "/admin/usage",
             "/api/usage-stream",
             "/v1/capabilities",

@@ -79,8 +79,10 @@ pub fn workers(ctx: &Ctx) -> AdminResult {
             let list: Vec<Value> = list
                 .into_iter()
                 .map(|w| {
+                    let slept = w.slept_secs;
                     let mut v = serde_json::to_value(w).unwrap_or(Value::Null);
                     v["provider"] = json!(ctx.cfg.provider);
+                    v["energy_saved_wh"] = super::power::energy_saved(ctx, slept);
                     v
                 })
                 .collect();

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::dispatcher::runtime::{ask, Answer, Query};
-use super::dispatcher::SleeperRecord;
+use super::dispatcher::{SavedPower, SleeperRecord};
 use super::errors::ApiError;
 use super::ops::AdminResult;
 use super::Ctx;
@@ -25,6 +25,12 @@ const MAX_FILE_BYTES: u64 = 16 << 20;
 struct SleeperFile {
     version: u32,
     boxes: Vec<SleeperRecord>,
+    /// Boxes awake now: seconds asleep so far (absent in older files).
+    #[serde(default)]
+    slept_secs: std::collections::BTreeMap<String, u64>,
+    /// Worker names pinned awake by the operator.
+    #[serde(default)]
+    pinned: Vec<String>,
 }
 
 /// Where the sleeping boxes are saved.
@@ -37,16 +43,16 @@ impl SleeperStore {
         SleeperStore { dir: dir.into() }
     }
 
-    /// The boxes a previous run saved; none when there is no file. A file that cannot
-    /// be read is reported and ignored: losing the list only means those boxes are not
-    /// woken until they come back by themselves.
-    pub fn load(&self) -> Vec<SleeperRecord> {
+    /// The boxes a previous run saved (with earlier sleeps and pins); none when there
+    /// is no file. A file that cannot be read is reported and ignored: losing the list
+    /// only means those boxes are not woken until they come back by themselves.
+    pub fn load(&self) -> SavedPower {
         let path = self.dir.join(FILE_NAME);
         let too_big = fs::metadata(&path).is_ok_and(|m| m.len() > MAX_FILE_BYTES);
         let text = match fs::read_to_string(&path) {
-            Ok(_) if too_big => return Vec::new(),
+            Ok(_) if too_big => return SavedPower::default(),
             Ok(text) => text,
-            Err(_) => return Vec::new(),
+            Err(_) => return SavedPower::default(),
         };
         match serde_json::from_str::<SleeperFile>(&text) {
             Ok(file) => {
@@ -64,19 +70,29 @@ impl SleeperStore {
                     boxes.len(),
                     path.display()
                 );
-                boxes
+                SavedPower {
+                    boxes,
+                    slept_secs: file.slept_secs,
+                    pinned: file.pinned,
+                }
             }
             Err(e) => {
                 warn!("ignoring {}: {e}", path.display());
-                Vec::new()
+                SavedPower::default()
             }
         }
     }
 
     /// Replaces the file atomically, readable by the owner only (`private_fs::replace`): it
     /// holds the LAN's MAC addresses.
-    pub fn save(&self, boxes: Vec<SleeperRecord>) -> Result<(), String> {
-        let body = serde_json::to_vec_pretty(&SleeperFile { version: 1, boxes })
+    pub fn save(&self, saved: SavedPower) -> Result<(), String> {
+        let file = SleeperFile {
+            version: 1,
+            boxes: saved.boxes,
+            slept_secs: saved.slept_secs,
+            pinned: saved.pinned,
+        };
+        let body = serde_json::to_vec_pretty(&file)
             .map_err(|e| format!("cannot encode sleeping boxes: {e}"))?;
         super::private_fs::replace(&self.dir, FILE_NAME, &body)
             .map_err(|e| format!("cannot save sleeping boxes ({e})"))
@@ -84,7 +100,7 @@ impl SleeperStore {
 }
 
 /// The sleeping boxes for `/admin/workers`: asleep or waking, since when, and (with
-/// `IDLE_WATTS`) the energy this sleep saved so far.
+/// `IDLE_WATTS`) the energy saved by all their sleeps so far.
 pub fn sleeping(ctx: &Ctx) -> Value {
     let Some(Answer::Sleepers(list)) = ask(&ctx.inputs, Query::Sleepers) else {
         return json!([]);
@@ -92,16 +108,21 @@ pub fn sleeping(ctx: &Ctx) -> Value {
     let now = super::usage::unix_now();
     list.into_iter()
         .map(|s| {
-            let hours = now.saturating_sub(s.asleep_since_unix) as f64 / 3600.0;
+            let secs = now.saturating_sub(s.asleep_since_unix);
             let mut v = serde_json::to_value(&s).unwrap_or(Value::Null);
-            v["hours_asleep"] = json!((hours * 100.0).round() / 100.0);
-            v["energy_saved_wh"] = match ctx.cfg.idle_watts {
-                Some(watts) => json!((hours * watts).round()),
-                None => Value::Null,
-            };
+            v["hours_asleep"] = json!((secs as f64 / 36.0).round() / 100.0);
+            v["energy_saved_wh"] = energy_saved(ctx, s.slept_secs.saturating_add(secs));
             v
         })
         .collect()
+}
+
+/// Watt-hours saved by `secs` asleep (`IDLE_WATTS` × hours); `null` without `IDLE_WATTS`.
+pub fn energy_saved(ctx: &Ctx, secs: u64) -> Value {
+    match ctx.cfg.idle_watts {
+        Some(watts) => json!((secs as f64 / 3600.0 * watts).round()),
+        None => Value::Null,
+    }
 }
 
 /// `POST /admin/workers/{id}/stay-awake` with `{"on": true|false}` (no body: on).
@@ -147,15 +168,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mr-sleepers-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let store = SleeperStore::new(&dir);
-        assert!(store.load().is_empty());
+        assert_eq!(store.load(), SavedPower::default());
         let record = SleeperRecord {
             name: "gpu-box-2".into(),
             models: vec!["m".into()],
             wake: WakeAddress::parse("aa:bb:cc:dd:ee:ff", "192.168.1.255").unwrap(),
             since_unix: 7,
+            slept_secs: 60,
         };
-        store.save(vec![record.clone()]).unwrap();
-        assert_eq!(store.load(), vec![record]);
+        let saved = SavedPower {
+            boxes: vec![record],
+            slept_secs: [("cpu-box".to_string(), 3600)].into(),
+            pinned: vec!["nas".into()],
+        };
+        store.save(saved.clone()).unwrap();
+        assert_eq!(store.load(), saved);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -166,7 +193,7 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600);
         }
         fs::write(dir.join(FILE_NAME), "{not json").unwrap();
-        assert!(store.load().is_empty());
+        assert_eq!(store.load(), SavedPower::default());
         let _ = fs::remove_dir_all(&dir);
     }
 }

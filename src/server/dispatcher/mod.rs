@@ -53,7 +53,7 @@ pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
 pub use outliers::Health;
 pub use registry::Needs;
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};
-pub use sleepers::{SleeperRecord, WakeConfig};
+pub use sleepers::{SavedPower, SleeperRecord, WakeConfig};
 pub use stats::{Counters, Gauges, LiveLoad};
 
 /// Internal request key; the wire id is [`wire_request_id`] of it.

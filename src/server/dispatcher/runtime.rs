@@ -97,6 +97,8 @@ pub struct SleeperInfo {
     pub asleep_since_unix: u64,
     /// Since when it is being woken.
     pub waking_since_unix: Option<u64>,
+    /// Seconds asleep in its earlier sleeps (the energy saved adds them up).
+    pub slept_secs: u64,
     pub wake_mac: String,
     pub wake_broadcast: String,
 }
@@ -158,6 +160,8 @@ pub struct WorkerInfo {
     pub wakeable: bool,
     /// Pinned awake by the operator: never granted sleep.
     pub stay_awake: bool,
+    /// Seconds its box spent asleep in earlier sleeps.
+    pub slept_secs: u64,
     /// The relays it reports being registered with (empty: not reported).
     pub relays: Vec<String>,
 }
@@ -215,13 +219,13 @@ pub fn run(
         shared.publish(&core.gauges());
         if core.models_version() != models_version {
             models_version = core.models_version();
-            shared.set_models(core.registry().routable_models());
+            shared.set_models(core.listed_models());
             shared.set_loaded(core.registry().loaded_models());
             shared.set_model_info(core.registry().model_info());
         }
         if core.sleepers().version() != sleepers_version {
             sleepers_version = core.sleepers().version();
-            if let Err(e) = sleepers.save(core.sleepers().records()) {
+            if let Err(e) = sleepers.save(core.sleepers().saved()) {
                 log::warn!("{e}");
             }
         }
@@ -412,6 +416,7 @@ fn worker_infos(core: &Dispatcher, now: Instant) -> Vec<WorkerInfo> {
             power_since_unix: w.yielded.map(unix),
             wakeable: w.wake.is_some(),
             stay_awake: w.stay_awake,
+            slept_secs: core.sleepers().slept_secs(&w.name),
         })
         .collect()
 }
@@ -429,6 +434,7 @@ fn sleeper_infos(core: &Dispatcher) -> Vec<SleeperInfo> {
             },
             asleep_since_unix: s.record.since_unix,
             waking_since_unix: s.waking.as_ref().map(|w| w.since_unix),
+            slept_secs: s.record.slept_secs,
             wake_mac: s.record.wake.mac.clone(),
             wake_broadcast: s.record.wake.broadcast.clone(),
         })

@@ -12,7 +12,7 @@
 //! wake per box at a time; a box that does not come back fails the requests waiting
 //! for it with an error naming it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
@@ -34,6 +34,19 @@ pub struct SleeperRecord {
     pub wake: WakeAddress,
     /// When it went to sleep (Unix seconds).
     pub since_unix: u64,
+    /// Seconds it spent asleep before this sleep: the energy saved adds up over sleeps.
+    #[serde(default)]
+    pub slept_secs: u64,
+}
+
+/// What `STATE_DIR/sleepers.json` keeps, so a relay restart forgets nothing the
+/// operator sees: the sleeping boxes, the earlier sleep time of boxes awake now (their
+/// energy saved so far) and the workers pinned awake (by name).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedPower {
+    pub boxes: Vec<SleeperRecord>,
+    pub slept_secs: BTreeMap<String, u64>,
+    pub pinned: Vec<String>,
 }
 
 /// A wake under way.
@@ -58,7 +71,12 @@ pub struct Sleeper {
 #[derive(Debug, Default)]
 pub struct Sleepers {
     boxes: BTreeMap<String, Sleeper>,
-    /// Bumped whenever the saved list changes.
+    /// Boxes awake now: the seconds they spent asleep so far.
+    slept: BTreeMap<String, u64>,
+    /// Worker names the operator pinned awake: the pin outlives a reconnect (the
+    /// connection's worker id does not).
+    pinned: BTreeSet<String>,
+    /// Bumped whenever the saved state changes.
     version: u64,
 }
 
@@ -71,13 +89,38 @@ impl Sleepers {
         self.boxes.values()
     }
 
-    /// What is saved: every sleeping box, waking or not.
+    /// Every sleeping box, waking or not.
     pub fn records(&self) -> Vec<SleeperRecord> {
         self.boxes.values().map(|s| s.record.clone()).collect()
     }
 
-    pub fn restore(&mut self, records: Vec<SleeperRecord>) {
-        for record in records.into_iter().take(MAX_SLEEPERS) {
+    /// What is saved: the sleeping boxes, earlier sleeps and pins.
+    pub fn saved(&self) -> SavedPower {
+        SavedPower {
+            boxes: self.records(),
+            slept_secs: self.slept.clone(),
+            pinned: self.pinned.iter().cloned().collect(),
+        }
+    }
+
+    /// Seconds the box `name`, awake now, spent asleep before.
+    pub fn slept_secs(&self, name: &str) -> u64 {
+        self.slept.get(name).copied().unwrap_or(0)
+    }
+
+    pub fn is_pinned(&self, name: &str) -> bool {
+        self.pinned.contains(name)
+    }
+
+    pub fn restore(&mut self, saved: SavedPower) {
+        let SavedPower {
+            boxes,
+            slept_secs,
+            pinned,
+        } = saved;
+        self.slept = slept_secs.into_iter().take(MAX_SLEEPERS).collect();
+        self.pinned = pinned.into_iter().take(MAX_SLEEPERS).collect();
+        for record in boxes.into_iter().take(MAX_SLEEPERS) {
             self.boxes.insert(
                 record.name.clone(),
                 Sleeper {
@@ -109,6 +152,25 @@ impl Sleepers {
             },
         );
         self.version += 1;
+    }
+
+    /// Pins `name` awake or unpins it; at most [`MAX_SLEEPERS`] names are kept.
+    fn pin(&mut self, name: &str, on: bool) {
+        let changed = if on {
+            self.pinned.len() < MAX_SLEEPERS && self.pinned.insert(name.to_string())
+        } else {
+            self.pinned.remove(name)
+        };
+        if changed {
+            self.version += 1;
+        }
+    }
+
+    /// A box woke after sleeping since `since_unix`: its sleep time so far is kept.
+    fn add_sleep(&mut self, name: &str, secs: u64) {
+        if self.slept.len() < MAX_SLEEPERS || self.slept.contains_key(name) {
+            self.slept.insert(name.to_string(), secs);
+        }
     }
 
     fn remove(&mut self, name: &str) -> Option<Sleeper> {
@@ -164,18 +226,43 @@ impl Dispatcher {
         &self.sleepers
     }
 
-    /// Boxes a previous run remembered asleep (`STATE_DIR/sleepers.json`).
-    pub fn restore_sleepers(&mut self, records: Vec<SleeperRecord>, now: Instant) {
-        let models: Vec<String> = records.iter().flat_map(|r| r.models.clone()).collect();
-        self.sleepers.restore(records);
+    /// Boxes a previous run remembered asleep, earlier sleeps and pins
+    /// (`STATE_DIR/sleepers.json`).
+    pub fn restore_sleepers(&mut self, saved: SavedPower, now: Instant) {
+        let models: Vec<String> = saved.boxes.iter().flat_map(|r| r.models.clone()).collect();
+        self.sleepers.restore(saved);
         self.note_models_seen(&models, now);
     }
 
-    /// A worker registered: if it is a box we knew asleep, it is awake now.
-    pub(super) fn box_awake(&mut self, name: &str, now: Instant) {
+    /// The models clients may ask for (`/v1/models`): what awake workers serve, then
+    /// what only sleeping boxes serve (asking for one wakes its box).
+    pub fn listed_models(&self) -> Vec<String> {
+        let mut models = self.registry.routable_models();
+        let mut seen: BTreeSet<String> = models.iter().cloned().collect();
+        for s in self.sleepers.iter() {
+            for m in &s.record.models {
+                if seen.insert(m.clone()) {
+                    models.push(m.clone());
+                }
+            }
+        }
+        models
+    }
+
+    /// A worker registers: it keeps the operator's pin on its name, and if it is a box
+    /// we knew asleep, it is awake now.
+    pub(super) fn box_awake(&mut self, worker: &mut super::Worker, now: Instant) {
+        let name = worker.name.as_str();
+        worker.stay_awake = self.sleepers.is_pinned(name);
         let Some(gone) = self.sleepers.remove(name) else {
             return;
         };
+        let now_unix = super::unix_ms().unwrap_or(0) / 1000;
+        let asleep = now_unix.saturating_sub(gone.record.since_unix);
+        self.sleepers
+            .add_sleep(name, gone.record.slept_secs.saturating_add(asleep));
+        // `/v1/models` lists the sleeper's models until then.
+        self.models_version += 1;
         match gone.waking {
             Some(w) => {
                 self.timers.remove(&(w.deadline, Timer::Wake(w.seq)));
@@ -201,20 +288,25 @@ impl Dispatcher {
             "box `{}` is asleep; wake address {} via {}",
             w.name, wake.mac, wake.broadcast
         );
+        let slept_secs = self.sleepers.slept.remove(&w.name).unwrap_or(0);
         self.sleepers.insert(SleeperRecord {
             name: w.name.clone(),
             models: w.models.clone(),
             wake,
             since_unix: super::unix_ms().unwrap_or(0) / 1000,
+            slept_secs,
         });
+        self.models_version += 1;
     }
 
-    /// Pins a worker awake (never granted sleep) or unpins it; false when unknown.
+    /// Pins a worker awake (never granted sleep) or unpins it; false when unknown. The
+    /// pin belongs to the worker's name: it holds when the worker reconnects.
     pub fn stay_awake(&mut self, worker: WorkerId, on: bool) -> bool {
         let Some(w) = self.registry.get_mut(worker) else {
             return false;
         };
         w.stay_awake = on;
+        self.sleepers.pin(&w.name, on);
         info!("worker {} ({}) pinned awake: {on}", w.wire_id, w.name);
         true
     }
@@ -251,7 +343,8 @@ impl Dispatcher {
     }
 
     /// A request just joined the queue: wake a box for it if the policy says so, and
-    /// let it wait for the box being woken.
+    /// let it wait for the box being woken (also when awake workers serve its model
+    /// but are full: with `WAKE_WHEN_BUSY` it waits for the box as much as for them).
     pub(super) fn wake_for(&mut self, id: RequestId, now: Instant) {
         let Some(req) = self.requests.get(&id) else {
             return;
@@ -261,13 +354,11 @@ impl Dispatcher {
             return;
         }
         let awake = self.registry.iter().any(|w| w.serves(&model));
-        if awake {
-            if self.cfg.wake.when_busy && self.busy(&model) {
-                self.start_wake(&model, now);
-            }
+        if awake && !self.cfg.wake.when_busy {
             return;
         }
-        if self.sleepers.waking_for(&model).is_none() {
+        // One wake per model at a time, busy or not.
+        if self.sleepers.waking_for(&model).is_none() && (!awake || self.busy(&model)) {
             self.start_wake(&model, now);
         }
         let waking = self.sleepers.waking_for(&model).map(|s| {
@@ -347,11 +438,11 @@ impl Dispatcher {
             .unwrap_or_default();
         let registry = &self.registry;
         for req in self.requests.values_mut() {
-            let served_awake = registry.iter().any(|w| w.serves(&req.msg.model));
-            if matches!(req.stage, Stage::Queued)
-                && models.contains(&req.msg.model)
-                && !served_awake
-            {
+            // The model woken for waits even when awake workers serve it (they are full:
+            // `WAKE_WHEN_BUSY`); the box's other models only when nothing awake serves them.
+            let waits =
+                req.msg.model == model || !registry.iter().any(|w| w.serves(&req.msg.model));
+            if matches!(req.stage, Stage::Queued) && models.contains(&req.msg.model) && waits {
                 wait_for_box(req, name.clone(), deadline);
             }
         }
@@ -371,14 +462,20 @@ impl Dispatcher {
         let name = s.record.name.clone();
         let secs = self.cfg.wake.timeout.as_secs();
         warn!("box `{name}` did not wake within {secs}s; it stays asleep");
-        let mut waiting: Vec<RequestId> = self
-            .requests
-            .iter()
-            .filter(|(_, r)| {
-                matches!(r.stage, Stage::Queued) && r.waking_for.as_deref() == Some(&name)
-            })
-            .map(|(id, _)| *id)
-            .collect();
+        // Requests that awake (full) workers also serve stop waiting for the box: they
+        // meet their own deadline (the same instant) with the usual queue timeout.
+        let registry = &self.registry;
+        let mut waiting = Vec::new();
+        for (id, r) in self.requests.iter_mut() {
+            if !matches!(r.stage, Stage::Queued) || r.waking_for.as_deref() != Some(&name) {
+                continue;
+            }
+            if registry.advertises(&r.msg.model) {
+                r.waking_for = None;
+            } else {
+                waiting.push(*id);
+            }
+        }
         waiting.sort_unstable();
         for id in waiting {
             let Some(req) = self.requests.remove(&id) else {
@@ -399,11 +496,12 @@ impl Dispatcher {
     /// What a queued request that timed out is told when a sleeping box serves its
     /// model: the box it waited for, or the sleeping box nothing could wake.
     pub(super) fn asleep_failure(&self, id: RequestId, model: &str) -> Option<Failure> {
-        if let Some(name) = self.requests.get(&id)?.waking_for.as_ref() {
-            return Some(asleep(name, self.cfg.wake.timeout.as_secs()));
-        }
+        // Awake workers serve it (full, with `WAKE_WHEN_BUSY`): a plain queue timeout.
         if self.registry.advertises(model) {
             return None;
+        }
+        if let Some(name) = self.requests.get(&id)?.waking_for.as_ref() {
+            return Some(asleep(name, self.cfg.wake.timeout.as_secs()));
         }
         let s = self.sleepers.candidate(model)?;
         Some(Failure::Asleep {

@@ -86,7 +86,7 @@ impl Dispatcher {
         worker.set_model_info(reg.model_info);
         worker.wake = reg.wake;
         worker.set_routes(reg.routes);
-        self.box_awake(&worker.name, now);
+        self.box_awake(&mut worker, now);
         let heartbeat_interval_secs = worker
             .features
             .iter()

@@ -79,7 +79,7 @@
     const list = snap.sleeping || [];
     $('sleeping').hidden = !list.length;
     setText($('sleeping'), list.length ? 'Sleeping boxes: ' + list.map((s) => {
-      const hours = Math.max(0, serverNow() - s.asleep_since_unix) / 3600;
+      const hours = (Math.max(0, serverNow() - s.asleep_since_unix) + (s.slept_secs || 0)) / 3600;
       const saved = snap.idle_watts ? ', ' + Math.round(hours * snap.idle_watts) + ' Wh saved' : '';
       return s.name + ' (' + s.power + ', asleep since ' + date(s.asleep_since_unix) + saved + ')';
     }).join('; ') : '');

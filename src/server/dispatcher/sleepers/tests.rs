@@ -98,6 +98,20 @@ impl H {
     fn tick(&mut self) -> Vec<Action> {
         self.d.tick(self.now)
     }
+
+    /// Worker `id` asks to sleep: `Ok` when granted, else the reason it is refused.
+    fn ask_sleep(&mut self, id: WorkerId) -> Result<(), String> {
+        let event = Event::WorkerSaid(id, WorkerMessage::SleepRequest {});
+        match &self.d.handle(event, self.now)[..] {
+            [Action::ToWorker(w, ServerMessage::SleepAnswer { granted, reason })] if *w == id => {
+                match granted {
+                    true => Ok(()),
+                    false => Err(reason.clone().unwrap_or_default()),
+                }
+            }
+            other => panic!("no sleep answer: {other:?}"),
+        }
+    }
 }
 
 fn wake_peers(actions: &[Action]) -> Vec<(WorkerId, String)> {
@@ -256,12 +270,7 @@ fn sleep_is_refused_to_the_last_worker_of_a_model_with_requests_waiting() {
     h.join(1, "gpu", &["m"], true);
     h.submit(10, "m", false); // in flight
     h.submit(11, "m", false); // queued
-    let a =
-        h.d.handle(Event::WorkerSaid(1, WorkerMessage::SleepRequest {}), h.now);
-    assert!(matches!(
-        &a[..],
-        [Action::ToWorker(1, ServerMessage::SleepAnswer { granted: false, reason: Some(r) })] if r.contains("`m`")
-    ));
+    assert!(h.ask_sleep(1).is_err_and(|r| r.contains("`m`")));
     // Without a wake address the relay could never wake it.
     h.join(2, "plain", &["x"], false);
     let a =
@@ -303,8 +312,13 @@ fn restored_sleepers_make_their_models_known_and_wakeable() {
         models: vec!["m".into()],
         wake: wake_addr(),
         since_unix: 1,
+        slept_secs: 0,
     };
-    h.d.restore_sleepers(vec![record], h.now);
+    let saved = SavedPower {
+        boxes: vec![record],
+        ..SavedPower::default()
+    };
+    h.d.restore_sleepers(saved, h.now);
     h.at(1000);
     let a = h.submit(10, "m", false);
     assert!(a.contains(&Action::SendWake("gpu".into(), wake_addr())));
@@ -348,4 +362,146 @@ fn a_worker_yielded_to_its_owner_takes_nothing_new_until_the_owner_is_done() {
     h.at(5);
     let a = h.d.handle(busy(false), h.now);
     assert_eq!(dispatched(&a), vec![(1, wire_request_id(10))]);
+}
+
+#[test]
+fn the_models_of_sleeping_boxes_are_listed_for_clients() {
+    let mut h = H::new(WakeConfig::default());
+    h.join(1, "nas", &["small"], false);
+    h.join(2, "gpu", &["m", "small"], true);
+    let v = h.d.models_version();
+    h.leave(2);
+    assert_ne!(h.d.models_version(), v, "the list is published again");
+    assert_eq!(
+        h.d.listed_models(),
+        vec!["small".to_string(), "m".to_string()]
+    );
+    assert_eq!(h.d.registry().routable_models(), vec!["small".to_string()]);
+    let v = h.d.models_version();
+    h.join(3, "gpu", &["m"], true);
+    assert_ne!(h.d.models_version(), v);
+    assert_eq!(
+        h.d.listed_models(),
+        vec!["small".to_string(), "m".to_string()]
+    );
+}
+
+/// An awake worker `awake` (one slot) and the sleeping box `gpu`, both for `m`, with
+/// `WAKE_WHEN_BUSY`: 10 runs, 11 and 12 wait and wake the box (more than one waits).
+fn busy_with_a_sleeper() -> H {
+    let mut h = H::new(WakeConfig {
+        when_busy: true,
+        queue_depth: 1,
+        timeout: Duration::from_secs(120),
+        ..WakeConfig::default()
+    });
+    h.join(2, "gpu", &["m"], true);
+    h.leave(2);
+    h.join(1, "awake", &["m"], false);
+    assert_eq!(dispatched(&h.submit(10, "m", false)).len(), 1);
+    assert!(wake_peers(&h.submit(11, "m", false)).is_empty());
+    assert_eq!(
+        wake_peers(&h.submit(12, "m", true)),
+        vec![(1, "gpu".to_string())]
+    );
+    h
+}
+
+#[test]
+fn requests_that_woke_a_box_for_busy_workers_wait_the_wake_timeout() {
+    let mut h = busy_with_a_sleeper();
+    h.at(5);
+    // Later ones wait for the same wake: no second one.
+    assert!(wake_peers(&h.submit(13, "m", false)).is_empty());
+    // Past the 30 s queue timeout they all still wait, and hear about the box.
+    h.at(31);
+    let a = h.tick();
+    assert!(failures(&a).is_empty(), "{a:?}");
+    assert!(a.contains(&Action::ToClient(
+        12,
+        ClientEvent::Waking {
+            worker: "gpu".into()
+        }
+    )));
+    // The box comes: the first in line goes to it.
+    h.at(60);
+    let a = h.join(4, "gpu", &["m"], true);
+    assert_eq!(dispatched(&a), vec![(4, wire_request_id(11))]);
+    // The others time out at the wake timeout as any queued request would: awake
+    // workers serve their model, no box is to blame.
+    h.at(119);
+    assert!(failures(&h.tick()).is_empty());
+    h.at(120);
+    let f = failures(&h.tick());
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert!(f.iter().all(|(_, x)| *x == Failure::QueueTimeout), "{f:?}");
+}
+
+#[test]
+fn a_box_woken_for_busy_workers_that_never_comes_fails_nobody_by_name() {
+    let mut h = busy_with_a_sleeper();
+    h.at(119);
+    assert!(failures(&h.tick()).is_empty());
+    h.at(120);
+    let f = failures(&h.tick());
+    let ids: Vec<RequestId> = f.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids.len(), 2, "{f:?}");
+    assert!(ids.contains(&11) && ids.contains(&12));
+    assert!(f.iter().all(|(_, x)| *x == Failure::QueueTimeout), "{f:?}");
+}
+
+#[test]
+fn an_operators_pin_outlives_a_reconnect_and_a_restart() {
+    let mut h = H::new(WakeConfig::default());
+    h.join(1, "gpu", &["m"], true);
+    let v = h.d.sleepers().version();
+    assert!(h.d.stay_awake(1, true));
+    assert_ne!(h.d.sleepers().version(), v, "the pin is saved");
+    h.leave(1);
+    h.join(2, "gpu", &["m"], true);
+    assert!(h.d.registry().get(2).unwrap().stay_awake);
+    assert!(h.ask_sleep(2).is_err_and(|r| r.contains("pinned")));
+    // Another name is not pinned.
+    h.join(3, "other", &["m"], true);
+    assert!(!h.d.registry().get(3).unwrap().stay_awake);
+    // A restarted relay keeps it.
+    let saved = h.d.sleepers().saved();
+    assert_eq!(saved.pinned, vec!["gpu".to_string()]);
+    let mut h2 = H::new(WakeConfig::default());
+    h2.d.restore_sleepers(saved, h2.now);
+    h2.join(1, "gpu", &["m"], true);
+    assert!(h2.d.registry().get(1).unwrap().stay_awake);
+    // Unpinned, it stays unpinned after a reconnect.
+    assert!(h.d.stay_awake(2, false));
+    h.leave(2);
+    h.join(4, "gpu", &["m"], true);
+    assert!(!h.d.registry().get(4).unwrap().stay_awake);
+}
+
+#[test]
+fn the_time_asleep_adds_up_over_sleeps() {
+    let mut h = H::new(WakeConfig::default());
+    let now_unix = unix_ms().unwrap() / 1000;
+    let record = SleeperRecord {
+        name: "gpu".into(),
+        models: vec!["m".into()],
+        wake: wake_addr(),
+        since_unix: now_unix - 3600,
+        slept_secs: 7200,
+    };
+    let saved = SavedPower {
+        boxes: vec![record],
+        ..SavedPower::default()
+    };
+    h.d.restore_sleepers(saved, h.now);
+    // It wakes: three hours asleep in all, kept while it is awake (and saved).
+    h.join(1, "gpu", &["m"], true);
+    let slept = h.d.sleepers().slept_secs("gpu");
+    assert!((10_800..10_900).contains(&slept), "{slept}");
+    assert_eq!(h.d.sleepers().saved().slept_secs.get("gpu"), Some(&slept));
+    // Asleep again: the new sleep starts from there.
+    h.leave(1);
+    let records = h.d.sleepers().records();
+    assert_eq!(records[0].slept_secs, slept);
+    assert_eq!(h.d.sleepers().slept_secs("gpu"), 0, "moved into the record");
 }
