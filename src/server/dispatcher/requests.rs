@@ -19,6 +19,7 @@ const DRAIN_WINDOW: Duration = Duration::from_secs(60);
 /// How often a waiting client that asked for progress hears from the queue.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 use crate::protocol::{CancelReason, RequestMessage, ServerMessage};
+use crate::server::logsafe::bounded;
 
 impl Dispatcher {
     #[allow(clippy::too_many_arguments)]
@@ -38,7 +39,8 @@ impl Dispatcher {
         if let Some(capability) = self.registry.unmet(&msg.model, needs) {
             info!(
                 "request {} rejected: no worker's `{}` has {capability}",
-                msg.request_id, msg.model
+                msg.request_id,
+                bounded(&msg.model)
             );
             let model = msg.model.clone();
             return self.fail(id, Failure::UnsupportedCapability { model, capability });
@@ -47,7 +49,8 @@ impl Dispatcher {
             let available = self.registry.routable_models();
             info!(
                 "request {} rejected: model `{}` not found",
-                msg.request_id, msg.model
+                msg.request_id,
+                bounded(&msg.model)
             );
             let model = msg.model.clone();
             return self.fail(id, Failure::ModelNotFound { model, available });
@@ -98,7 +101,8 @@ impl Dispatcher {
         if let Some(retry_after_secs) = self.no_healthy_worker(&request.msg.model, now) {
             info!(
                 "request {} rejected: no healthy worker serves `{}`",
-                request.msg.request_id, request.msg.model
+                request.msg.request_id,
+                bounded(&request.msg.model)
             );
             return self.fail(id, Failure::NoHealthyWorker { retry_after_secs });
         }
@@ -108,7 +112,7 @@ impl Dispatcher {
         debug!(
             "request {} queued for model `{}` (tenant {}, {})",
             request.msg.request_id,
-            request.msg.model,
+            bounded(&request.msg.model),
             request.who.tenant,
             request.who.priority.as_str()
         );
