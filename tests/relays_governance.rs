@@ -78,7 +78,11 @@ fn token(dir: &std::path::Path) -> String {
 
 /// A model load carrying a fresh op token (no admin token).
 fn load(relay: &ServerProc, dir: &std::path::Path) -> Response {
-    let body = json!({"modelId": "m", "verifiedOpToken": token(dir)}).to_string();
+    load_with(relay, &token(dir))
+}
+
+fn load_with(relay: &ServerProc, token: &str) -> Response {
+    let body = json!({"modelId": "m", "verifiedOpToken": token}).to_string();
     request(relay.addr, "POST", "/v1/models/load", Some(&body), &[])
 }
 
@@ -129,5 +133,30 @@ fn a_single_relay_accepts_op_tokens_as_before() {
     wait_relays_reported(&relay, 1);
     let r = load(&relay, &dir);
     assert_accepted(&relay, &r);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `STATE_URL` the nonces are shared: several relays accept op tokens, once.
+#[cfg(feature = "redis-store")]
+#[test]
+fn several_relays_sharing_a_store_accept_op_tokens_once() {
+    if !common::procs::tool("redis-server") {
+        return;
+    }
+    let dir = temp_dir("shared");
+    std::fs::write(dir.join("op.key"), KEY).expect("key");
+    let redis = common::redis::Redis::start();
+    let url = redis.url();
+    let a = governed_relay(&dir, "a", &[("STATE_URL", &url)]);
+    let b = governed_relay(&dir, "b", &[("STATE_URL", &url)]);
+    let _worker = worker(&[&a, &b]);
+    wait_relays_reported(&a, 2);
+    wait_relays_reported(&b, 2);
+    let t = token(&dir);
+    let r = load_with(&a, &t);
+    assert_accepted(&a, &r);
+    let again = load_with(&b, &t);
+    assert_eq!(again.status, 401, "{}", again.text());
+    assert_eq!(again.json()["error"]["code"], "op_token_replayed");
     let _ = std::fs::remove_dir_all(&dir);
 }
