@@ -300,6 +300,11 @@ fn systemd_units_verify() {
             env!("CARGO_BIN_EXE_modelrelay-server"),
         ),
         (
+            "modelrelay-server@.service",
+            "modelrelay-server@relay-a.service",
+            env!("CARGO_BIN_EXE_modelrelay-server"),
+        ),
+        (
             "modelrelay-worker@.service",
             "modelrelay-worker@gpu0.service",
             env!("CARGO_BIN_EXE_modelrelay-worker"),

@@ -228,12 +228,17 @@ fn moe_enabled(s: &Settings) -> Result<bool, ConfigError> {
 }
 
 fn governance_config(s: &Settings) -> Result<governance::Config, ConfigError> {
+    let op_tokens_per_relay = s.flag_bool("op-tokens-per-relay")?;
     governance::Config::new(
         s.get("verified-op-token-key-path"),
         s.flag_bool("require-op-token")?,
         s.get("governance-signers"),
         s.number("governance-min-signers", 1)?,
     )
+    .map(|cfg| governance::Config {
+        op_tokens_per_relay,
+        ..cfg
+    })
     .map_err(ConfigError)
 }
 

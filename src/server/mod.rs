@@ -202,7 +202,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
         store,
         keys,
         usage,
-        governance,
+        // Op tokens depend on how many relays the workers report (see governance::relays).
+        governance: governance.with_relays(&shared),
         resume: resume::Registry::new(cfg.resume.clone()),
         #[cfg(feature = "server-tls")]
         tls,

@@ -104,7 +104,7 @@ if (cd "$DIST" && sha256sum -c --quiet SHA256SUMS) && [ "$(wc -l <"$DIST/SHA256S
 else
   fail "SHA256SUMS: $(cat "$DIST/SHA256SUMS")"
 fi
-linux_want="LICENSE README.md bin/modelrelay-server bin/modelrelay-worker examples/server.env.example examples/worker.env.example man/modelrelay-server.8 man/modelrelay-worker.8 openwrt/modelrelay-server.init openwrt/modelrelay-worker.init openwrt/modelrelay.config systemd/modelrelay-server.service systemd/modelrelay-worker@.service systemd/server.env.example systemd/worker.env.example"
+linux_want="LICENSE README.md bin/modelrelay-server bin/modelrelay-worker examples/server.env.example examples/worker.env.example man/modelrelay-server.8 man/modelrelay-worker.8 openwrt/modelrelay-server.init openwrt/modelrelay-worker.init openwrt/modelrelay.config systemd/modelrelay-server.service systemd/modelrelay-server@.service systemd/modelrelay-worker@.service systemd/server.env.example systemd/worker.env.example"
 windows_want="LICENSE README.md bin/modelrelay-worker.exe examples/server.env.example examples/worker.env.example man/modelrelay-server.8 man/modelrelay-worker.8"
 docs_want=$(cd docs && printf 'docs/%s\n' *.md)
 for t in $ALL; do

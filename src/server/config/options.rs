@@ -267,6 +267,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "distinct valid signers an op token needs",
     },
     Opt {
+        flag: "op-tokens-per-relay",
+        env: "OP_TOKENS_PER_RELAY",
+        default: Some("off"),
+        help: "on or off: accept op tokens when the workers report several relays and STATE_URL is unset; each relay then keeps its own replay store, so a token could be used once on every relay (off: such tokens are refused with 503 op_tokens_need_shared_store)",
+    },
+    Opt {
         flag: "public-url",
         env: "PUBLIC_URL",
         default: None,

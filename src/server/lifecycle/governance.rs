@@ -31,7 +31,9 @@
 //! within [`WINDOW_SECS`] of now either way (401), every listed signer is known (in
 //! `GOVERNANCE_SIGNERS`, or else holding a key) and at least `GOVERNANCE_MIN_SIGNERS`
 //! verified (403), and the nonce was never used (401; recorded durably only once
-//! everything else passed, see [`replay`]).
+//! everything else passed, see [`replay`]). Before the nonce is recorded: with several
+//! relays and no shared store, op tokens are refused (503) unless `OP_TOKENS_PER_RELAY`
+//! accepts per-relay replay stores (see [`relays`]).
 //!
 //! # Use from a route
 //! ```ignore
@@ -57,6 +59,8 @@ pub mod keys;
 #[cfg(feature = "governance")]
 pub mod mint;
 mod refusal;
+#[cfg(feature = "governance")]
+pub mod relays;
 #[cfg(feature = "governance")]
 pub mod replay;
 #[cfg(feature = "governance")]
@@ -149,6 +153,9 @@ pub struct Config {
     pub signers: Vec<String>,
     /// Distinct valid signers a token needs.
     pub min_signers: usize,
+    /// `OP_TOKENS_PER_RELAY`: accept op tokens with several relays and no shared store
+    /// (each relay's own replay store; a token could be used once per relay).
+    pub op_tokens_per_relay: bool,
 }
 
 impl Default for Config {
@@ -158,6 +165,7 @@ impl Default for Config {
             require_op_token: false,
             signers: Vec::new(),
             min_signers: 1,
+            op_tokens_per_relay: false,
         }
     }
 }
@@ -203,6 +211,7 @@ impl Config {
             require_op_token,
             signers,
             min_signers,
+            op_tokens_per_relay: false,
         })
     }
 }
@@ -224,6 +233,9 @@ pub struct Governance {
     /// Loaded when `VERIFIED_OP_TOKEN_KEY_PATH` is set, with the replay store.
     #[cfg(feature = "governance")]
     tokens: Option<(KeySet, Box<dyn crate::server::store::Nonces>)>,
+    /// Whether op tokens are safe with the relays the workers report.
+    #[cfg(feature = "governance")]
+    guard: relays::RelayGuard,
 }
 
 impl Governance {
@@ -268,6 +280,7 @@ impl Governance {
             return Ok(Governance {
                 cfg: cfg.clone(),
                 tokens: None,
+                guard: guard(cfg, store),
             });
         };
         let keys = KeySet::load(path)?;
@@ -279,10 +292,30 @@ impl Governance {
             cfg.min_signers,
             if cfg.require_op_token { "alone not enough" } else { "also accepted" }
         );
+        if !store.is_shared() && cfg.op_tokens_per_relay {
+            log::warn!(
+                "lifecycle governance: OP_TOKENS_PER_RELAY is on: with several relays each keeps its own op-token replay store, so a token could be used once on every relay"
+            );
+        }
         Ok(Governance {
             cfg: cfg.clone(),
             tokens: Some((keys, nonces)),
+            guard: guard(cfg, store),
         })
+    }
+
+    /// Watches the relay count the workers report (published in `shared`), for the
+    /// several-relays check; without it this relay counts as alone.
+    #[cfg(feature = "governance")]
+    pub fn with_relays(mut self, shared: &std::sync::Arc<crate::server::shared::Shared>) -> Self {
+        self.guard.relays = Some(shared.clone());
+        self
+    }
+
+    /// Without the `governance` feature no op token is accepted: nothing to watch.
+    #[cfg(not(feature = "governance"))]
+    pub fn with_relays(self, _shared: &std::sync::Arc<crate::server::shared::Shared>) -> Self {
+        self
     }
 
     /// Decides one lifecycle call and logs the decision (one line). `token` is the raw
@@ -355,6 +388,9 @@ impl Governance {
         check_call(&token.claims, operation, model)?;
         check_time(token.claims.issued_at, now)?;
         let signers = self.check_signers(keys, &token.claims.signers, verified)?;
+        if let Some(relays) = self.guard.refuses() {
+            return Err(Refusal::OpTokensNeedSharedStore { relays });
+        }
         match nonces.remember(&token.claims.nonce, token.claims.issued_at, now) {
             replay::Remembered::Fresh => Ok(Authorized::OpToken { signers }),
             replay::Remembered::Replayed => Err(Refusal::Replayed),
@@ -386,6 +422,16 @@ impl Governance {
             });
         }
         Ok(verified)
+    }
+}
+
+/// The several-relays guard for a governance over `store`.
+#[cfg(feature = "governance")]
+fn guard(cfg: &Config, store: &crate::server::store::Store) -> relays::RelayGuard {
+    relays::RelayGuard {
+        shared_store: store.is_shared(),
+        per_relay_ok: cfg.op_tokens_per_relay,
+        relays: None,
     }
 }
 

@@ -44,6 +44,11 @@ pub enum Refusal {
     ReplayStoreFull,
     /// The nonce could not be recorded durably (the I/O error, for the log only).
     ReplayStoreUnavailable(String),
+    /// The workers report `relays` relays, no shared store is set (`STATE_URL`) and
+    /// `OP_TOKENS_PER_RELAY` is off: a token used on another relay could not be known.
+    OpTokensNeedSharedStore {
+        relays: usize,
+    },
 }
 
 impl Refusal {
@@ -62,6 +67,7 @@ impl Refusal {
             Refusal::Replayed => "op_token_replayed",
             Refusal::ReplayStoreFull => "op_token_replay_store_full",
             Refusal::ReplayStoreUnavailable(_) => "op_token_replay_store_unavailable",
+            Refusal::OpTokensNeedSharedStore { .. } => "op_tokens_need_shared_store",
         }
     }
 
@@ -81,7 +87,9 @@ impl Refusal {
             | Refusal::ModelMismatch { .. }
             | Refusal::UnknownSigner(_)
             | Refusal::NotEnoughSigners { .. } => 403,
-            Refusal::ReplayStoreFull | Refusal::ReplayStoreUnavailable(_) => 503,
+            Refusal::ReplayStoreFull
+            | Refusal::ReplayStoreUnavailable(_)
+            | Refusal::OpTokensNeedSharedStore { .. } => 503,
         }
     }
 
@@ -123,6 +131,9 @@ impl Refusal {
             Refusal::ReplayStoreUnavailable(_) => {
                 "op token replay store unavailable (see the server log)".into()
             }
+            Refusal::OpTokensNeedSharedStore { relays } => format!(
+                "op tokens are refused: the workers report {relays} relays and this relay's replay store is its own, so it cannot know a token was not already used on another relay; set STATE_URL (a shared store) on every relay, or OP_TOKENS_PER_RELAY=on to accept a token once per relay"
+            ),
         }
     }
 }

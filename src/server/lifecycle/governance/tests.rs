@@ -950,6 +950,7 @@ fn server_settings_carry_the_governance_options() {
             require_op_token: true,
             signers: names(&["admin1", "admin2", "admin3"]),
             min_signers: 2,
+            op_tokens_per_relay: false,
         }
     );
     let err = ServerConfig::from_settings(&Settings::from_pairs(&[
