@@ -142,6 +142,8 @@ fn a_ca_file_that_cannot_be_used_is_a_start_up_error() {
         &[state.clone(), url, ("STATE_CA_FILE", empty.clone())],
         "no PEM certificate",
     );
+    let insecure = ("STATE_URL", "rediss://127.0.0.1:1/0#insecure".to_string());
+    refused_at_start(&[state.clone(), insecure], "#insecure is not supported");
     let plain = ("STATE_URL", "redis://127.0.0.1:1/0".to_string());
     refused_at_start(
         &[state, plain, ("STATE_CA_FILE", empty)],
