@@ -8,29 +8,15 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::pki::Pki;
 use common::procs::{tool, Proc, ServerProc};
-use common::redis::{tls_files, Redis};
+use common::redis::{scratch_dir, Redis};
 use common::{request, wait_until};
 use serde_json::{json, Value};
 
 const ADMIN: &str = "store-tls-admin-token";
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mr-store-tls-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
-
-/// A new directory `dir/name` holding a fresh CA and a server certificate it signed.
-fn certs(dir: &Path, name: &str) -> PathBuf {
-    let certs = dir.join(name);
-    std::fs::create_dir_all(&certs).expect("certs dir");
-    tls_files(&certs);
-    certs
-}
 
 fn admin(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> common::Response {
     common::admin_call(addr, ADMIN, method, path, body)
@@ -58,8 +44,8 @@ fn two_relays_share_keys_over_tls_and_an_untrusted_store_is_reported_not_fatal()
     if !tool("redis-server") || !tool("openssl") {
         return;
     }
-    let dir = temp_dir("two");
-    let trusted = certs(&dir, "trusted");
+    let dir = scratch_dir("store-tls-two");
+    let trusted = Pki::new(&dir, "trusted").dir;
     let redis = Redis::start_tls(&trusted);
     assert!(redis.url().starts_with("rediss://"));
     let ca = trusted.join("ca.pem");
@@ -102,7 +88,7 @@ fn two_relays_share_keys_over_tls_and_an_untrusted_store_is_reported_not_fatal()
     // Another CA, and no CA file at all (the bundled web roots): the store's
     // certificate does not verify; each relay logs why, reports the store unreachable
     // and keeps answering.
-    let other = certs(&dir, "other").join("ca.pem");
+    let other = Pki::new(&dir, "other").dir.join("ca.pem");
     for (name, ca) in [("wrong", Some(other.as_path())), ("roots", None)] {
         let c = relay(&redis, &dir.join(name), ca);
         let refused = admin(c.addr, "POST", "/admin/keys", Some(json!({"name": "x"})));
@@ -127,7 +113,7 @@ fn refused_at_start(env: &[(&str, String)], needle: &str) {
 
 #[test]
 fn a_ca_file_that_cannot_be_used_is_a_start_up_error() {
-    let dir = temp_dir("bad");
+    let dir = scratch_dir("store-tls-bad");
     let state = ("STATE_DIR", dir.to_string_lossy().into_owned());
     let url = ("STATE_URL", "rediss://127.0.0.1:1/0".to_string());
     let missing = dir.join("missing.pem").to_string_lossy().into_owned();

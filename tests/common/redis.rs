@@ -11,7 +11,7 @@ use super::wait_until;
 pub struct Redis {
     pub port: u16,
     child: Option<Child>,
-    /// TLS only (`rediss://`), with the certificates of [`tls_files`] in this directory.
+    /// TLS only (`rediss://`), with the certificates of a [`super::pki::Pki`] in this directory.
     tls: Option<PathBuf>,
 }
 
@@ -20,7 +20,7 @@ impl Redis {
         Redis::start_with(None)
     }
 
-    /// TLS only, its certificate signed by `certs/ca.pem` (see [`tls_files`]).
+    /// TLS only, its certificate signed by `certs/ca.pem` (a [`super::pki::Pki`]).
     pub fn start_tls(certs: &Path) -> Redis {
         Redis::start_with(Some(certs.to_path_buf()))
     }
@@ -99,74 +99,11 @@ impl Drop for Redis {
     }
 }
 
-/// A throwaway CA (`ca.pem`) and a certificate it signed for 127.0.0.1 and localhost
-/// (`server.pem`, `server.key`) in `dir`, made with the `openssl` command.
-pub fn tls_files(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let key = ["-newkey", "rsa:2048", "-nodes"];
-    openssl(
-        &[
-            &["req", "-x509"],
-            &key[..],
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=modelrelay test CA",
-            ],
-        ]
-        .concat(),
-    );
-    std::fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("extensions file");
-    openssl(
-        &[
-            &["req"],
-            &key[..],
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=localhost",
-            ],
-        ]
-        .concat(),
-    );
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-        "-out",
-        "server.pem",
-    ]);
+/// A fresh, empty directory for one test's relays (`mr-{tag}-{pid}` under the system
+/// temporary directory).
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mr-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
 }
