@@ -48,7 +48,7 @@ fn main() {
     let _ = std::fs::remove_dir_all(&state);
 
     println!("== admission round trip (one rate-limit check), 5000 checks");
-    let shared = match Store::open(&state.join("probe"), Some(&redis.url())) {
+    let shared = match Store::open(&state.join("probe"), Some(&redis.url()), None) {
         Ok(s) => s,
         Err(e) => {
             println!("skipped: {e}");

@@ -7,10 +7,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::procs::{tool, ServerProc};
-use common::redis::Redis;
+use common::redis::{scratch_dir, Redis};
 use common::{chat_as, request, wait_until, FakeWorker, Seen};
 use modelrelay::protocol::ServerMessage;
 use modelrelay::server::lifecycle::governance::keys::KeySet;
@@ -19,13 +19,6 @@ use modelrelay::server::lifecycle::governance::token::OpToken;
 use serde_json::{json, Value};
 
 const KEY: &str = "a-shared-governance-key-of-at-least-32-bytes";
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mr-store-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
 
 /// Two relays on `redis`, governed by op tokens, with `teama` and `teamb` limited to
 /// 60 an hour (not a minute: a slow machine must not see a unit come back mid-test).
@@ -124,7 +117,7 @@ fn two_relays_share_limits_and_nonces_and_survive_an_outage() {
     if !tool("redis-server") {
         return;
     }
-    let dir = temp_dir("two");
+    let dir = scratch_dir("store-two");
     let mut redis = Redis::start();
     let (a, b) = relays(&redis, &dir);
 
@@ -205,7 +198,7 @@ fn a_key_created_on_one_relay_works_on_the_other_and_revocation_follows() {
     if !tool("redis-server") {
         return;
     }
-    let dir = temp_dir("keys");
+    let dir = scratch_dir("store-keys");
     let mut redis = Redis::start();
     let (a, b) = admin_relays(&redis, &dir, &[("MODELRELAY_REQUIRE_API_KEYS", "true")]);
 
@@ -304,7 +297,7 @@ fn a_dashboard_sign_in_on_one_relay_holds_on_the_other_until_signed_out() {
     if !tool("redis-server") {
         return;
     }
-    let dir = temp_dir("sessions");
+    let dir = scratch_dir("store-sessions");
     let redis = Redis::start();
     let (a, b) = admin_relays(&redis, &dir, &[]);
     let r = request(
@@ -344,7 +337,7 @@ fn a_load_started_on_one_relay_is_polled_on_the_other() {
     if !tool("redis-server") {
         return;
     }
-    let dir = temp_dir("tasks");
+    let dir = scratch_dir("store-tasks");
     let redis = Redis::start();
     let (a, b) = admin_relays(&redis, &dir, &[]);
     let register = json!({

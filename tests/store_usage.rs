@@ -13,10 +13,10 @@ mod fake_backend;
 
 use std::io::BufReader;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::procs::{start_worker, tool, ServerProc};
-use common::redis::Redis;
+use common::redis::{scratch_dir, Redis};
 use common::{read_chunk, read_head, request, send_request, wait_until, Response};
 use fake_backend::FakeBackend;
 use serde_json::{json, Value};
@@ -26,13 +26,6 @@ const ADMIN: &str = "fleet-usage-admin";
 const ANSWER: &str = "one two three four five";
 const IN: u64 = 5;
 const OUT: u64 = 5;
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mr-fleet-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
-}
 
 fn relay(redis: &Redis, dir: &Path) -> ServerProc {
     redis.relay(dir, &[("MODELRELAY_ADMIN_TOKEN", ADMIN)])
@@ -148,7 +141,7 @@ fn usage_is_the_fleets_on_both_relays_through_an_outage_and_a_restart() {
     if !tool("redis-server") {
         return;
     }
-    let dir = temp_dir("usage");
+    let dir = scratch_dir("fleet-usage");
     let mut redis = Redis::start();
     let backend = FakeBackend::new("m", ANSWER)
         .spawn("127.0.0.1:0")

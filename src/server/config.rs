@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub state_dir: std::path::PathBuf,
     /// Shared state store (`STATE_URL`); none: everything stays in this relay.
     pub state_url: Option<String>,
+    /// CA certificates (PEM) a `rediss://` store is checked against (`STATE_CA_FILE`).
+    pub state_ca_file: Option<std::path::PathBuf>,
     /// Days of usage buckets kept (`USAGE_RETENTION_DAYS`, 0 = forever).
     pub usage_retention_days: u32,
     /// Certificate chain and key files, when the server terminates TLS itself.
@@ -137,6 +139,7 @@ impl ServerConfig {
             require_api_keys: s.flag_bool("require-api-keys")?,
             state_dir: s.string("state-dir", "/var/lib/modelrelay").into(),
             state_url: s.get("state-url").map(str::to_string),
+            state_ca_file: s.get("state-ca-file").map(Into::into),
             usage_retention_days: s.number("usage-retention-days", 400)?,
             tls: tls_files(s)?,
             tenancy: Policy::from_env(
@@ -187,6 +190,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("admin_token", &hidden(self.admin_token.is_some()))
             .field("require_api_keys", &self.require_api_keys)
             .field("state_dir", &self.state_dir)
+            .field("state_ca_file", &self.state_ca_file)
             .field("usage_retention_days", &self.usage_retention_days)
             .field("tls", &self.tls)
             .field("tenancy", &self.tenancy)

@@ -153,8 +153,12 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
     fingerprint::share_key(&cfg.worker_secret);
     // Keys and usage are kept on disk once someone can manage or read them.
     let persist = cfg.require_api_keys || cfg.admin_token.is_some();
-    let store = store::Store::open(&cfg.state_dir, cfg.state_url.as_deref())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let store = store::Store::open(
+        &cfg.state_dir,
+        cfg.state_url.as_deref(),
+        cfg.state_ca_file.as_deref(),
+    )
+    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let keys = if persist {
         let keys = keys::KeyStore::open(&cfg.state_dir)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;

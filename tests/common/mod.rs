@@ -19,6 +19,7 @@ use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
 pub mod fake_server;
+pub mod pki;
 pub mod procs;
 pub mod redis;
 pub mod sse;

@@ -132,7 +132,13 @@ pub const OPTIONS: &[Opt] = &[
         flag: "state-url",
         env: "STATE_URL",
         default: None,
-        help: "redis://[user:pass@]host:port/db: share API keys, rate limits and op-token nonces with the other relays through Redis or Valkey (needs the redis-store build)",
+        help: "redis://[user:pass@]host:port/db, or rediss://… for TLS: share API keys, rate limits and op-token nonces with the other relays through Redis or Valkey (needs the redis-store build)",
+    },
+    Opt {
+        flag: "state-ca-file",
+        env: "STATE_CA_FILE",
+        default: None,
+        help: "PEM file of the CA certificate(s) a rediss:// STATE_URL is checked against, instead of the bundled web roots (a private or self-signed CA)",
     },
     Opt {
         flag: "usage-retention-days",

@@ -155,15 +155,20 @@ impl Store {
         }
     }
 
-    /// Local without `url`; shared through Redis with it. A URL this build cannot use is
-    /// a start-up error, not a silent fall back to per-relay state.
-    pub fn open(state_dir: &Path, url: Option<&str>) -> Result<Store, String> {
+    /// Local without `url`; shared through Redis with it (`ca_file`: the CA that signed
+    /// a `rediss://` store's certificate). A URL this build cannot use is a start-up
+    /// error, not a silent fall back to per-relay state.
+    pub fn open(
+        state_dir: &Path,
+        url: Option<&str>,
+        ca_file: Option<&Path>,
+    ) -> Result<Store, String> {
         let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
             return Ok(Store::local(state_dir));
         };
         #[cfg(feature = "redis-store")]
         {
-            let shared = redis::Redis::open(url)?;
+            let shared = redis::Redis::open(url, ca_file)?;
             Ok(Store {
                 state_dir: state_dir.to_path_buf(),
                 shared: Some(std::sync::Arc::new(shared)),
@@ -171,7 +176,7 @@ impl Store {
         }
         #[cfg(not(feature = "redis-store"))]
         {
-            let _ = url;
+            let _ = (url, ca_file);
             Err("STATE_URL is set but this build has no shared store (build with --features redis-store)".into())
         }
     }

@@ -6,6 +6,7 @@
 //! unreachable store costs a request nothing but a failed mutex-guarded check. Each
 //! transition between reachable and unreachable is logged once.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +30,23 @@ pub const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Prefix of every key this relay writes.
 const PREFIX: &str = "modelrelay:";
 
+/// The PEM certificates of `path`, checked to hold at least one: an unreadable or
+/// empty file is a start-up error, not a store that silently never verifies.
+fn read_ca(path: &Path) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let pem = std::fs::read(path).map_err(|e| format!("STATE_CA_FILE {}: {e}", path.display()))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("STATE_CA_FILE {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "STATE_CA_FILE {}: no PEM certificate in it",
+            path.display()
+        ));
+    }
+    Ok(pem)
+}
+
 /// One connection to the store, shared by all threads.
 pub struct Redis {
     client: redis::Client,
@@ -46,21 +64,49 @@ struct Link {
 }
 
 impl Redis {
-    /// Parses `url` (only `redis://`; `rediss://` needs a TLS build of the client this
-    /// crate does not include). Connecting is lazy: a store down at start-up is the same
-    /// as a store that went down later.
-    pub fn open(url: &str) -> Result<Redis, String> {
-        if !url.starts_with("redis://") {
+    /// Parses `url`: `redis://`, or `rediss://` for TLS (rustls; the server's certificate
+    /// is checked against the bundled web roots, or against `ca_file` alone when given,
+    /// for a private CA). Connecting is lazy: a store down at start-up is the same as a
+    /// store that went down later; a certificate that does not verify is the same as a
+    /// store that cannot be reached (logged, shown in `/health`), never a crash.
+    pub fn open(url: &str, ca_file: Option<&Path>) -> Result<Redis, String> {
+        let tls = url.starts_with("rediss://");
+        if !tls && !url.starts_with("redis://") {
             return Err(
-                "STATE_URL must be redis://[user:pass@]host:port/db (rediss:// is not supported in this build)"
+                "STATE_URL must be redis://[user:pass@]host:port/db or rediss://… (TLS)".into(),
+            );
+        }
+        let client = match ca_file {
+            None => redis::Client::open(url),
+            Some(path) if tls => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(read_ca(path)?),
+                },
+            ),
+            Some(_) => {
+                return Err("STATE_CA_FILE is set but STATE_URL is not rediss:// (TLS)".into())
+            }
+        }
+        .map_err(|e| format!("invalid STATE_URL: {e}"))?;
+        let info = client.get_connection_info();
+        if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
+            // Certificate checks cannot be switched off in this build (no
+            // tls-rustls-insecure): a private CA goes in STATE_CA_FILE instead.
+            return Err(
+                "STATE_URL: #insecure is not supported; trust a private CA with STATE_CA_FILE"
                     .into(),
             );
         }
-        let client = redis::Client::open(url).map_err(|e| format!("invalid STATE_URL: {e}"))?;
-        let info = client.get_connection_info();
         log::info!(
-            "state store: redis at {} (API keys, rate limits and op-token nonces shared)",
-            info.addr()
+            "state store: redis at {}{} (API keys, rate limits and op-token nonces shared)",
+            info.addr(),
+            match (tls, ca_file) {
+                (false, _) => "",
+                (true, None) => " over TLS",
+                (true, Some(_)) => " over TLS (CA from STATE_CA_FILE)",
+            }
         );
         Ok(Redis {
             client,
