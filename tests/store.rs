@@ -314,7 +314,10 @@ fn a_dashboard_sign_in_on_one_relay_holds_on_the_other_until_signed_out() {
         .expect("cookie")
         .to_string();
     assert!(signed_in(a.addr, &cookie));
-    assert!(signed_in(b.addr, &cookie), "B knows A's session");
+    // B may still be connecting to the store when A signs in: wait for it to know.
+    wait_until("B to know A's session", || {
+        (signed_in(b.addr, &cookie), String::new())
+    });
     assert!(!signed_in(b.addr, "modelrelay_session=00ff"));
 
     let out = request(
