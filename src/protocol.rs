@@ -48,6 +48,9 @@
 //!   [`affinity::FEATURE_AFFINITY_REPORTS`]).
 //! * `continuation` on `request`: go on with an answer another worker began; see
 //!   [`continuation`] (feature [`continuation::FEATURE_CONTINUATION`]).
+//! * `body_piece` (server → worker) and `body_credit` (worker → server): a large
+//!   request body in pieces with flow control; see [`pieces`] (feature
+//!   [`pieces::FEATURE_BODY_PIECES`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,6 +62,7 @@ pub mod binary;
 pub mod continuation;
 pub mod lifecycle;
 mod parse;
+pub mod pieces;
 pub mod power;
 pub mod size;
 use crate::power::WakeAddress;
@@ -306,6 +310,14 @@ pub enum ServerMessage {
     },
     /// Extension: the prefixes of the request that follows (see [`affinity`]).
     Prefixes(affinity::PrefixNote),
+    /// Extension: one piece of a request body that follows its request (see [`pieces`]).
+    BodyPiece {
+        request_id: String,
+        seq: u64,
+        chunk: String,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        last: bool,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),
@@ -412,6 +424,12 @@ pub enum WorkerMessage {
     },
     /// Extension: prefixes another relay sent this worker (see [`affinity`]).
     Prefixes(affinity::PrefixNote),
+    /// Extension: the server may send the request's body pieces numbered below `until`
+    /// (see [`pieces`]).
+    BodyCredit {
+        request_id: String,
+        until: u64,
+    },
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),

@@ -297,8 +297,9 @@ fn peak_rss_mib(p: &Proc) -> Option<u64> {
     Some(kib / 1024)
 }
 
-/// A large upload through debug binaries (the release bench, `make bench-binary`, sends
-/// 100 MB and reports throughput and peak memory).
+/// A large upload held whole (`BODY_PIECES_OVER_BYTES=0`; by default it goes in pieces,
+/// `tests/pieces.rs`) through debug binaries (the release bench, `make bench-binary`,
+/// sends 100 MB and reports throughput and peak memory).
 #[test]
 fn a_large_upload_goes_through_whole_and_one_too_large_is_refused() {
     const SIZE: usize = 32 << 20;
@@ -306,6 +307,7 @@ fn a_large_upload_goes_through_whole_and_one_too_large_is_refused() {
         ("MAX_REQUEST_BODY_BYTES", "40000000"),
         ("MAX_WS_MESSAGE_BYTES", "48000000"),
         ("EXTRA_ROUTES", "/upload"),
+        ("BODY_PIECES_OVER_BYTES", "0"),
     ];
     let (server, worker, b) = relay(&limits, &[("MAX_WS_MESSAGE_BYTES", "48000000")]);
     let bytes = backend::noise(SIZE, 5);

@@ -77,6 +77,9 @@ struct Raw {
     granted: Option<bool>,
     busy: Option<bool>,
     prefixes: Option<affinity::Bounded>,
+    seq: Option<u64>,
+    last: Option<bool>,
+    until: Option<u64>,
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
@@ -199,6 +202,10 @@ impl WorkerMessage {
                 relays: need(r.relays, k, "relays")?,
             },
             "prefixes" => WorkerMessage::Prefixes(prefix_note(r, k)?),
+            "body_credit" => WorkerMessage::BodyCredit {
+                request_id: need(r.request_id, k, "request_id")?,
+                until: need(r.until, k, "until")?,
+            },
             _ => WorkerMessage::Unknown(kind),
         })
     }
@@ -264,6 +271,12 @@ impl ServerMessage {
                 reason: reason_text(r.reason),
             },
             "prefixes" => ServerMessage::Prefixes(prefix_note(r, k)?),
+            "body_piece" => ServerMessage::BodyPiece {
+                request_id: need(r.request_id, k, "request_id")?,
+                seq: need(r.seq, k, "seq")?,
+                chunk: need(r.chunk, k, "chunk")?,
+                last: r.last.unwrap_or(false),
+            },
             _ => ServerMessage::Unknown(kind),
         })
     }

@@ -168,6 +168,7 @@ pub(crate) mod tests {
             body: Vec::new(),
             keep_alive: true,
             http10: false,
+            pending: None,
             hold: None,
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::client_ip::TrustedProxies;
 use super::dispatcher;
 use super::http::budget::BodyBudget;
+use super::http::pieces::DEFAULT_PIECES_OVER;
 use super::http::request::{Limits, DEFAULT_BODY_BUDGET};
 use super::lifecycle::governance;
 use super::origin::AllowedOrigins;
@@ -116,6 +117,7 @@ impl ServerConfig {
             body_budget: BodyBudget::new(s.number("max-buffered-body-bytes", DEFAULT_BODY_BUDGET)?),
             idle_timeout,
             write_timeout: s.secs("write-timeout-secs", 30)?,
+            pieces_over: s.number("body-pieces-over-bytes", DEFAULT_PIECES_OVER)?,
             ..Limits::default()
         };
         if limits.body_budget.max() < limits.max_body_bytes {
@@ -124,7 +126,11 @@ impl ServerConfig {
             ));
         }
         let max_ws_message_bytes = s.number("max-ws-message-bytes", 64 << 20)?;
-        fits_one_message(limits.max_body_bytes, max_ws_message_bytes)?;
+        // With bodies in pieces, only JSON bodies must fit one message; one that does
+        // not gets its `413` as an escaped body too large does.
+        if limits.pieces_over == 0 {
+            fits_one_message(limits.max_body_bytes, max_ws_message_bytes)?;
+        }
         let secret = s.required("worker-secret", "WORKER_SECRET")?;
         Ok(ServerConfig {
             listen_addr: s.string("listen-addr", "127.0.0.1:8080"),
@@ -319,17 +325,20 @@ mod tests {
 
     #[test]
     fn a_body_limit_that_cannot_fit_one_worker_message_is_refused() {
-        let cfg = |body: &str, ws: &str| {
+        let cfg = |body: &str, ws: &str, pieces: &str| {
             let pairs = [
                 ("worker-secret", "s"),
                 ("max-request-body-bytes", body),
                 ("max-ws-message-bytes", ws),
+                ("body-pieces-over-bytes", pieces),
             ];
             ServerConfig::from_settings(&Settings::from_pairs(&pairs))
         };
-        assert!(cfg("33554432", "67108864").is_ok());
-        let e = cfg("67108864", "67108864").expect_err("refused");
+        assert!(cfg("33554432", "67108864", "0").is_ok());
+        let e = cfg("67108864", "67108864", "0").expect_err("refused");
         assert!(e.to_string().contains("MAX_WS_MESSAGE_BYTES"), "{e}");
+        // Large bodies go in pieces: only JSON bodies must fit one message.
+        assert!(cfg("120000000", "67108864", "4194304").is_ok());
     }
 
     #[test]

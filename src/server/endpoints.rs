@@ -16,6 +16,7 @@
 
 use super::body::{inspect_body, MAX_MODEL_NAME_BYTES};
 use super::errors::{ApiError, Style};
+use super::http::pieces::refusal;
 use super::http::request::{Conn, Request};
 use super::relay::{self, Job};
 use super::reply::reject_caller;
@@ -134,10 +135,46 @@ pub fn parse_extra_routes(text: Option<&str>) -> Result<Vec<&'static str>, Confi
 /// reused.
 pub fn relay(conn: &mut Conn, ctx: &Ctx, mut req: Request, caller: Caller, spec: Spec) -> bool {
     let keep = req.keep_alive;
+    // A large upload left on the connection: its first part names the model (a form's
+    // `model` field before the file, or the X-Model header), the rest goes in pieces.
+    let mut pieces = None;
+    if let Some(mut body) = req.pending.take() {
+        let first = ctx.cfg.limits.pieces_over;
+        if let Err(e) = body.read_into(conn, &mut req.body, first) {
+            return match refusal(&e) {
+                Some(e) => reject_caller(conn, ctx, &req.path, &e, false, Some(&caller)),
+                None => false,
+            };
+        }
+        if !body.is_done() {
+            pieces = Some(body);
+        }
+    }
     let (model, stream) = match model_of(ctx, &req) {
         Ok(found) => found,
         Err(e) => return reject_caller(conn, ctx, &req.path, &e, keep, Some(&caller)),
     };
+    if let Some(body) = pieces {
+        let job = Job {
+            route: req.path.clone(),
+            endpoint_path: req.path.clone(),
+            model,
+            stream,
+            body: String::new(),
+            style: Style::OpenAi,
+            reshape: None,
+        };
+        let first = std::mem::take(&mut req.body);
+        return relay::run_with(
+            conn,
+            ctx,
+            &req,
+            job,
+            caller,
+            Some(spec),
+            Some((body, first)),
+        );
+    }
     let body = if spec.binary {
         // The raw bytes go as soon as they are encoded: a large upload is held once.
         let encoded = binary::encode(&req.body);
@@ -158,7 +195,13 @@ pub fn relay(conn: &mut Conn, ctx: &Ctx, mut req: Request, caller: Caller, spec:
         style: Style::OpenAi,
         reshape: None,
     };
-    relay::run_with(conn, ctx, &req, job, caller, Some(spec))
+    relay::run_with(conn, ctx, &req, job, caller, Some(spec), None)
+}
+
+/// Whether the route of `req` takes a large body in pieces (binary routes: their body
+/// is relayed as it is, so nothing needs it whole).
+pub fn streams_body(ctx: &Ctx, req: &Request) -> bool {
+    req.method == "POST" && spec(&req.path, &ctx.cfg.extra_routes).is_some_and(|s| s.binary)
 }
 
 /// The model a request names and whether it asks for a stream.

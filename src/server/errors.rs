@@ -202,6 +202,19 @@ impl ApiError {
                     ),
                 )
             }
+            Failure::UnsupportedCapability { model, capability }
+                if *capability == crate::protocol::pieces::FEATURE_BODY_PIECES =>
+            {
+                ApiError::new(
+                    413,
+                    "body_pieces_unsupported",
+                    format!(
+                        "no worker serving `{model}` takes a request body in pieces, and this \
+                         body is too large to travel whole: it needs a worker that lists \
+                         `body_pieces` (a newer modelrelay-worker)"
+                    ),
+                )
+            }
             Failure::UnsupportedCapability { model, capability } => ApiError::new(
                 400,
                 "unsupported_capability",

@@ -356,7 +356,8 @@ impl Parts<'_> {
             ClientEvent::Queued { .. }
             | ClientEvent::Head(_)
             | ClientEvent::Waking { .. }
-            | ClientEvent::Interrupted => {}
+            | ClientEvent::Interrupted
+            | ClientEvent::Credit(_) => {}
             ClientEvent::Chunk(chunk) => {
                 part.first_chunk
                     .get_or_insert_with(|| part.started.elapsed());

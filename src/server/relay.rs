@@ -26,6 +26,7 @@ use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, Needs, Req
 use super::endpoints::Spec;
 use super::errors::{ApiError, Style};
 use super::fingerprint;
+use super::http::pieces::BodyStream;
 use super::http::request::{Conn, Request};
 use super::http::response::{self, Framing};
 use super::reply::reject_caller;
@@ -45,6 +46,7 @@ mod continued;
 mod held;
 mod record;
 mod resumable;
+mod upload;
 mod whole;
 mod write;
 
@@ -124,11 +126,13 @@ pub fn text_body(req: &mut Request) -> Result<String, ApiError> {
 /// Admits, submits and answers a prepared request; returns whether the connection may
 /// be reused.
 pub fn run(conn: &mut Conn, ctx: &Ctx, req: &Request, job: Job<'_>, caller: Caller) -> bool {
-    run_with(conn, ctx, req, job, caller, None)
+    run_with(conn, ctx, req, job, caller, None, None)
 }
 
 /// [`run`] for a route beyond chat (`endpoints.rs`): only workers serving the route
-/// take it, and a binary one travels base64-encoded both ways.
+/// take it, and a binary one travels base64-encoded both ways. With `pieces` (the body
+/// still on the connection, and its first part read) the body follows the request in
+/// pieces ([`upload`]).
 pub fn run_with(
     conn: &mut Conn,
     ctx: &Ctx,
@@ -136,11 +140,21 @@ pub fn run_with(
     job: Job<'_>,
     caller: Caller,
     spec: Option<Spec>,
+    pieces: Option<(BodyStream, Vec<u8>)>,
 ) -> bool {
     let binary = spec.is_some_and(|s| s.binary);
     let started = Instant::now();
     let keep = req.keep_alive;
-    let headers = forwarded_headers(&req.headers, &caller);
+    let mut headers = forwarded_headers(&req.headers, &caller);
+    let encoding = match &pieces {
+        Some((stream, _)) => {
+            if let Some(len) = stream.length() {
+                headers.insert("content-length".into(), len.to_string());
+            }
+            Some(crate::protocol::pieces::PIECES)
+        }
+        None => binary.then_some(crate::protocol::binary::BASE64),
+    };
     let id = ctx.next_request_id();
     let wire = wire_request_id(id);
     let msg = Arc::new(RequestMessage {
@@ -150,7 +164,7 @@ pub fn run_with(
         is_streaming: job.stream,
         body: Arc::from(job.body),
         headers,
-        body_encoding: binary.then(|| crate::protocol::binary::BASE64.to_string()),
+        body_encoding: encoding.map(str::to_string),
         continuation: None,
     });
     if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
@@ -170,6 +184,7 @@ pub fn run_with(
         Some(spec) => Needs {
             route: spec.checked.then_some(spec.route),
             binary: spec.binary,
+            pieces: pieces.is_some(),
             ..Needs::default()
         },
         None => crate::server::body::needs(&msg.endpoint_path, &msg.body),
@@ -233,6 +248,11 @@ pub fn run_with(
         binary: binary.then(Default::default),
         resume,
         continuation: tracker,
+        upload: pieces.map(|(stream, first)| {
+            let mut upload = upload::Upload::new(stream, first);
+            upload.submitted(msg.clone(), who.clone(), needs);
+            upload
+        }),
     };
     let submit = Input::Submit {
         id,
@@ -305,10 +325,12 @@ struct Session<'a, 'r> {
     resume: Option<resume::Tap>,
     /// A stream that may be finished on another worker ([`continuation`]).
     continuation: Option<Tracker>,
+    /// A request body still to send in pieces ([`upload`]).
+    upload: Option<upload::Upload>,
 }
 
 impl Session<'_, '_> {
-    fn wait(&mut self, events: Receiver<ClientEvent>) -> bool {
+    fn wait(&mut self, mut events: Receiver<ClientEvent>) -> bool {
         loop {
             if let Some(outcome) = self.resume.as_mut().and_then(|t| t.due(Instant::now())) {
                 return self.cancel(outcome);
@@ -356,6 +378,13 @@ impl Session<'_, '_> {
                     self.emit(&mut buf, &note, framing, false);
                 }
                 ClientEvent::Interrupted => self.interrupted(&mut buf),
+                ClientEvent::Credit(until) => {
+                    if let Err(outcome) = self.send_pieces(until) {
+                        self.record(outcome);
+                        return false;
+                    }
+                    continue;
+                }
                 ClientEvent::Chunk(chunk) => {
                     self.push_chunk(&mut buf, &chunk);
                     // Whatever else is already waiting goes out in the same write.
@@ -363,6 +392,12 @@ impl Session<'_, '_> {
                         match more {
                             ClientEvent::Chunk(chunk) => self.push_chunk(&mut buf, &chunk),
                             ClientEvent::Interrupted => self.interrupted(&mut buf),
+                            ClientEvent::Credit(until) => {
+                                if let Err(outcome) = self.send_pieces(until) {
+                                    self.record(outcome);
+                                    return false;
+                                }
+                            }
                             ClientEvent::Dispatched { .. }
                             | ClientEvent::Queued { .. }
                             | ClientEvent::Head(_)
@@ -377,7 +412,17 @@ impl Session<'_, '_> {
                 other => last = Some(other),
             }
             if let Some(event) = last {
-                return self.finish_with(event, buf);
+                match self.whole_instead(&event) {
+                    Some(Ok(again)) => {
+                        events = again;
+                        continue;
+                    }
+                    Some(Err(outcome)) => {
+                        self.record(outcome);
+                        return false;
+                    }
+                    None => return self.finish_with(event, buf),
+                }
             }
             if !self.client_reads() {
                 continue;
@@ -440,6 +485,10 @@ impl Session<'_, '_> {
         };
         self.push_final(&mut buf, event);
         let written = self.client_reads() && self.conn.stream.write_all(&buf).is_ok();
+        if self.upload.take().is_some() {
+            // Answered before the client's body was all read (refused, worker lost).
+            upload::linger(&mut self.conn.stream);
+        }
         if let Some(tap) = &mut self.resume {
             tap.finish();
         }

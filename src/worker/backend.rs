@@ -23,6 +23,7 @@ use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage
 
 mod binary;
 mod failure;
+mod pieces;
 pub use failure::is_connection_failure;
 use failure::{is_stale_connection, unavailable};
 
@@ -344,7 +345,7 @@ impl Backend {
         &self,
         agent: &ureq::Agent,
         req: &RequestMessage,
-        body: &[u8],
+        body: impl ureq::AsSendBody,
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
         let mut builder = agent.post(&self.url(&req.endpoint_path));
         for (name, value) in &req.headers {

@@ -19,7 +19,12 @@ pub struct Handle {
 struct HandleState {
     cancelled: bool,
     agent: Option<ureq::Agent>,
+    /// Where the pieces of a body that follows the request go (`backend::pieces`).
+    pieces: Option<crossbeam_channel::Sender<Piece>>,
 }
+
+/// One `body_piece`: its number, its base64 text, whether it is the last.
+pub type Piece = (u64, String, bool);
 
 impl Handle {
     /// Records the agent the request is about to use; false if already cancelled.
@@ -36,9 +41,31 @@ impl Handle {
         self.state.lock().agent = None;
     }
 
+    /// Opens the way for the request's body pieces, `room` of them at most waiting.
+    pub fn open_pieces(&self, room: usize) -> crossbeam_channel::Receiver<Piece> {
+        let (tx, rx) = crossbeam_channel::bounded(room);
+        let mut state = self.state.lock();
+        if !state.cancelled {
+            state.pieces = Some(tx);
+        }
+        rx
+    }
+
+    /// Passes a piece on without waiting; false when none is expected or there is no
+    /// room (the server sent past its credit).
+    pub fn push_piece(&self, piece: Piece) -> bool {
+        let state = self.state.lock();
+        state
+            .pieces
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(piece).is_ok())
+    }
+
     pub fn cancel(&self) {
         let mut state = self.state.lock();
         state.cancelled = true;
+        // The backend's body reader, waiting for a piece, wakes up to an end.
+        state.pieces = None;
         if let Some(agent) = state.agent.take() {
             agent.shutdown();
         }
@@ -99,6 +126,13 @@ impl InFlight {
     pub fn cancel(&self, relay: usize, id: &str) -> bool {
         let handle = self.table.lock().get(&(relay, id.to_string())).cloned();
         handle.map(|h| h.cancel()).is_some()
+    }
+
+    /// Hands a body piece to its request; false when it is not running or did not
+    /// take it.
+    pub fn piece(&self, relay: usize, id: &str, piece: Piece) -> bool {
+        let handle = self.table.lock().get(&(relay, id.to_string())).cloned();
+        handle.is_some_and(|h| h.push_piece(piece))
     }
 
     pub fn cancel_all(&self) {

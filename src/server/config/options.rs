@@ -87,6 +87,12 @@ pub const OPTIONS: &[Opt] = &[
         help: "request bodies held in memory at once, all connections together (503 beyond)",
     },
     Opt {
+        flag: "body-pieces-over-bytes",
+        env: "BODY_PIECES_OVER_BYTES",
+        default: Some("4194304"),
+        help: "binary-route request bodies larger than this go to the worker in pieces, never held whole (0: never)",
+    },
+    Opt {
         flag: "write-timeout-secs",
         env: "WRITE_TIMEOUT_SECS",
         default: Some("30"),

@@ -278,6 +278,7 @@ mod tests {
             hold: None,
             keep_alive: true,
             http10: false,
+            pending: None,
         }
     }
 

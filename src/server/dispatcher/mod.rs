@@ -20,6 +20,7 @@
 //! | `affinity.rs` | which prompt prefixes each worker was sent lately (bounded LRU) |
 //! | `sleepers.rs` | sleeping boxes: whom to wake for a request, when to give up |
 //! | `continuation.rs` | a streamed answer whose worker died, finished on another one |
+//! | `pieces.rs` | a request body sent in pieces after dispatch, on the worker's credit |
 //! | `registry.rs`, `stats.rs` | the other data it owns |
 
 pub mod affinity;
@@ -27,6 +28,7 @@ mod continuation;
 pub mod fair_queue;
 pub mod lifecycle;
 mod outliers;
+mod pieces;
 mod registry;
 mod relay_affinity;
 mod relays;
@@ -180,6 +182,14 @@ pub enum Event {
     },
     /// The client hung up before its answer was complete.
     ClientGone(RequestId),
+    /// One piece of a request body that follows its request (`protocol::pieces`), sent
+    /// by the client's thread on the worker's [`ClientEvent::Credit`].
+    BodyPiece {
+        id: RequestId,
+        seq: u64,
+        chunk: String,
+        last: bool,
+    },
     /// A worker socket authenticated and sent `register`.
     WorkerJoined {
         id: WorkerId,
@@ -236,6 +246,9 @@ pub enum ClientEvent {
     Waking { worker: String },
     /// A piece of the streamed body, to be written as-is.
     Chunk(String),
+    /// The worker takes the request body's pieces numbered below this
+    /// (`protocol::pieces`). Not final.
+    Credit(u64),
     /// The worker streaming a continuable answer died (or its backend failed) midway;
     /// the request waits for the client's [`Event::Continue`]. Not final.
     Interrupted,
@@ -550,6 +563,12 @@ impl Dispatcher {
             }
             Event::Continue { id, msg } => self.continue_with(id, msg, now),
             Event::ClientGone(id) => self.client_gone(id, now),
+            Event::BodyPiece {
+                id,
+                seq,
+                chunk,
+                last,
+            } => self.body_piece(id, seq, chunk, last, now),
             Event::WorkerJoined {
                 id,
                 register,

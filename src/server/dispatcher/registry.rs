@@ -28,6 +28,9 @@ pub struct Needs {
     pub embedding: bool,
     /// A base64 body (`binary.rs`): only workers listing `binary_bodies` take it.
     pub binary: bool,
+    /// A body that follows in pieces (`protocol::pieces`): only workers listing
+    /// `body_pieces` take it.
+    pub pieces: bool,
     /// A relayed route beyond chat: only workers serving it (or not saying) take it.
     pub route: Option<&'static str>,
     /// It continues an answer begun elsewhere: only a worker that listed the
@@ -271,6 +274,10 @@ impl Worker {
                 .any(|f| f == crate::protocol::binary::FEATURE_BINARY_BODIES)
         {
             return Some(crate::protocol::binary::FEATURE_BINARY_BODIES);
+        }
+        let pieces = crate::protocol::pieces::FEATURE_BODY_PIECES;
+        if needs.pieces && !self.features.iter().any(|f| f == pieces) {
+            return Some(pieces);
         }
         let route = needs.route?;
         let routes = self.routes.as_ref()?;

@@ -9,6 +9,7 @@ use crate::protocol::{
 };
 
 mod continuation;
+mod pieces;
 mod relays;
 mod routes;
 

@@ -248,6 +248,9 @@ impl Dispatcher {
             } => self.worker_busy(worker, &request_id, in_flight, now),
             WorkerMessage::Relays { relays } => self.worker_relays(worker, relays),
             WorkerMessage::Prefixes(note) => self.worker_prefixes(worker, note),
+            WorkerMessage::BodyCredit { request_id, until } => {
+                self.body_credit(worker, &request_id, until, now)
+            }
             WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
             WorkerMessage::Unknown(kind) => {
                 debug!("worker {name} sent unknown message type `{kind}`; ignored")

@@ -4,6 +4,7 @@
 
 pub mod budget;
 mod framing;
+pub mod pieces;
 pub mod request;
 pub mod response;
 
@@ -27,7 +28,8 @@ pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
     let _ = stream.set_write_timeout(write_timeout);
     let mut conn = Conn::new(stream, peer);
     loop {
-        let req = match conn.read_request(&ctx.cfg.limits) {
+        let streams = |req: &request::Request| super::endpoints::streams_body(&ctx, req);
+        let req = match conn.read_request_or_defer(&ctx.cfg.limits, &streams) {
             Ok(req) => req,
             Err(ReadError::Closed) => return,
             Err(ReadError::Io(e)) => {
@@ -52,7 +54,7 @@ pub fn serve(stream: Stream, peer: SocketAddr, ctx: Arc<Ctx>) {
     }
 }
 
-fn reject_code(status: u16) -> &'static str {
+pub(crate) fn reject_code(status: u16) -> &'static str {
     match status {
         413 => "request_too_large",
         431 => "headers_too_large",

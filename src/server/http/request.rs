@@ -32,6 +32,9 @@ pub struct Limits {
     pub io_timeout: Duration,
     /// How long a client may stop reading an answer (zero: no limit).
     pub write_timeout: Duration,
+    /// Bodies of routes that take them in pieces, when larger than this, are not read
+    /// here but by the route as they are relayed ([`super::pieces`]); zero: never.
+    pub pieces_over: usize,
 }
 
 impl Default for Limits {
@@ -43,6 +46,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(75),
             io_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
+            pieces_over: super::pieces::DEFAULT_PIECES_OVER,
         }
     }
 }
@@ -60,6 +64,9 @@ pub struct Request {
     pub hold: Option<Arc<BodyHold>>,
     pub keep_alive: bool,
     pub http10: bool,
+    /// A body left on the connection for the route to read in pieces
+    /// ([`Conn::read_request_or_defer`]); `body` then is empty.
+    pub pending: Option<super::pieces::BodyStream>,
 }
 
 impl Request {
@@ -98,7 +105,7 @@ pub struct Conn {
     /// `X-Request-Id` of the response being written (set by the route table for
     /// routes that are not relayed; relayed requests carry their own).
     pub request_id: Option<String>,
-    buf: Vec<u8>,
+    pub(super) buf: Vec<u8>,
     /// The read timeout the socket has now; changed only when a read needs another
     /// (a request that arrives in one piece costs no `setsockopt` at all).
     read_timeout: Option<Duration>,
@@ -155,7 +162,7 @@ impl Conn {
     }
 
     /// Reads more bytes, waiting at most `timeout`; `Ok(0)` is end of stream.
-    fn fill(&mut self, timeout: Duration) -> io::Result<usize> {
+    pub(super) fn fill(&mut self, timeout: Duration) -> io::Result<usize> {
         // A zero timeout is refused by the OS; as before, the read then just blocks.
         if self.read_timeout != Some(timeout) && self.stream.set_read_timeout(Some(timeout)).is_ok()
         {
@@ -168,13 +175,33 @@ impl Conn {
     }
 
     pub fn read_request(&mut self, limits: &Limits) -> Result<Request, ReadError> {
+        self.read_request_or_defer(limits, &|_| false)
+    }
+
+    /// [`Conn::read_request`], except that the body of a request `streams` accepts is
+    /// left on the connection when it may be larger than [`Limits::pieces_over`]: the
+    /// route reads it through [`Request::pending`]. Such a connection is not reused
+    /// (a route that refuses the request leaves its body unread).
+    pub fn read_request_or_defer(
+        &mut self,
+        limits: &Limits,
+        streams: &dyn Fn(&Request) -> bool,
+    ) -> Result<Request, ReadError> {
         let (mut req, body_kind) = self.read_head(limits)?;
         if let BodyKind::Length(n) = body_kind {
             if n > limits.max_body_bytes {
                 return Err(too_large(limits));
             }
         }
+        let defer = limits.pieces_over > 0
+            && match body_kind {
+                BodyKind::Length(n) => n > limits.pieces_over,
+                BodyKind::Chunked => true,
+            }
+            && streams(&req);
         let reserve = match body_kind {
+            // What a deferred body holds at once: its first part, then a piece.
+            _ if defer => limits.pieces_over + crate::protocol::pieces::PIECE_BYTES,
             BodyKind::Length(n) => n,
             BodyKind::Chunked => 0,
         };
@@ -190,6 +217,12 @@ impl Conn {
             self.stream
                 .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                 .map_err(ReadError::Io)?;
+        }
+        if defer {
+            req.pending = Some(super::pieces::BodyStream::new(body_kind, limits));
+            req.keep_alive = false;
+            req.hold = Some(Arc::new(hold));
+            return Ok(req);
         }
         req.body = match body_kind {
             BodyKind::Length(n) => {
@@ -276,7 +309,11 @@ impl Conn {
     }
 
     /// Reads a line ending in CRLF (without it), at most 4 KiB.
-    fn read_line(&mut self, timeout: Duration, deadline: Instant) -> Result<String, ReadError> {
+    pub(super) fn read_line(
+        &mut self,
+        timeout: Duration,
+        deadline: Instant,
+    ) -> Result<String, ReadError> {
         loop {
             if let Some(pos) = self.buf.windows(2).position(|w| w == b"\r\n") {
                 let line = String::from_utf8_lossy(&self.buf[..pos]).into_owned();
@@ -335,13 +372,13 @@ impl Conn {
 const MIN_BODY_RATE: usize = 16 * 1024;
 
 /// When a body of `len` bytes begun at `started` must have arrived.
-fn body_deadline(started: Instant, len: usize, io_timeout: Duration) -> Instant {
+pub(super) fn body_deadline(started: Instant, len: usize, io_timeout: Duration) -> Instant {
     started + io_timeout + Duration::from_secs((len / MIN_BODY_RATE) as u64)
 }
 
 /// How long the next read may wait: `timeout`, or less when the body's deadline is
 /// nearer; a 408 once it passed.
-fn until(timeout: Duration, deadline: Instant) -> Result<Duration, ReadError> {
+pub(super) fn until(timeout: Duration, deadline: Instant) -> Result<Duration, ReadError> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(ReadError::Reject(
@@ -370,7 +407,7 @@ fn over_budget(limits: &Limits) -> ReadError {
     )
 }
 
-fn is_timeout(e: &io::Error) -> bool {
+pub(super) fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
@@ -433,6 +470,7 @@ pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, ReadError> {
         hold: None,
         keep_alive,
         http10,
+        pending: None,
     };
     Ok(Some((req, kind, used)))
 }

@@ -165,6 +165,7 @@ impl Session<'_, '_> {
                 | ClientEvent::Queued { .. }
                 | ClientEvent::Waking { .. }
                 | ClientEvent::Dispatched { .. }
+                | ClientEvent::Credit(_)
                 | ClientEvent::Head(_),
             ) => {}
         }

@@ -13,6 +13,7 @@ use std::io::Read;
 use super::failure::unavailable;
 use super::{response_headers, Backend, Outcome, UNAVAILABLE_STATUSES};
 use crate::protocol::binary::{self, BASE64};
+use crate::protocol::pieces::PIECES;
 use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage};
 use crate::worker::inflight::Handle;
 use crate::worker::stream_usage::usage_from_json;
@@ -31,17 +32,24 @@ pub(super) fn forward(
     failover: bool,
     emit: &mut dyn FnMut(WorkerMessage),
 ) -> Outcome {
-    if req.body_encoding.as_deref() != Some(BASE64) {
-        return Outcome::Failed("unknown body_encoding (this worker knows base64)".into());
-    }
-    let Ok(body) = binary::decode(&req.body) else {
-        return Outcome::Failed("the request body is not valid base64".into());
+    let sent = match req.body_encoding.as_deref() {
+        Some(PIECES) => super::pieces::send(backend, agent, req, handle, emit),
+        Some(BASE64) => {
+            let Ok(body) = binary::decode(&req.body) else {
+                return Outcome::Failed("the request body is not valid base64".into());
+            };
+            backend.send_once(agent, req, &body, handle)
+        }
+        _ => {
+            return Outcome::Failed(
+                "unknown body_encoding (this worker knows base64 and base64-pieces)".into(),
+            )
+        }
     };
-    let response = match backend.send_once(agent, req, &body, handle) {
+    let response = match sent {
         Ok(response) => response,
         Err(outcome) => return outcome,
     };
-    drop(body);
     let status = response.status().as_u16();
     let mut headers = response_headers(&response);
     if let Some(len) = response.headers().get("content-length") {

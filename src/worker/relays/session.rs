@@ -226,6 +226,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         protocol::FEATURE_HEARTBEAT_INTERVAL.into(),
         protocol::FEATURE_RESPONSE_HEAD.into(),
         protocol::binary::FEATURE_BINARY_BODIES.into(),
+        protocol::pieces::FEATURE_BODY_PIECES.into(),
         // Understood whatever the backend; the server sends continuations only to
         // workers whose backend kind can go on from a prefix.
         protocol::continuation::FEATURE_CONTINUATION.into(),
@@ -432,6 +433,22 @@ fn serve(
                 shared.power.sleep.answered(granted, reason)
             }
             ServerMessage::Prefixes(note) => super::affinity::pass_on(shared, link.relay, note),
+            ServerMessage::BodyPiece {
+                request_id,
+                seq,
+                chunk,
+                last,
+            } => {
+                // Past its credit, or for a request that expects none: the upload cannot
+                // be trusted to be whole, so it ends.
+                if !shared
+                    .inflight
+                    .piece(link.relay, &request_id, (seq, chunk, last))
+                    && shared.inflight.cancel(link.relay, &request_id)
+                {
+                    warn!("request {request_id}: body piece {seq} not expected; cancelled");
+                }
+            }
             ServerMessage::RegisterAck(_) => debug!("unexpected second register_ack; ignored"),
             ServerMessage::Unknown(kind) => {
                 debug!("server sent unknown message type `{kind}`; ignored")

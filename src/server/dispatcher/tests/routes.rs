@@ -7,7 +7,7 @@ use crate::protocol::binary::FEATURE_BINARY_BODIES;
 
 const BINARY: &[&str] = &[FEATURE_BINARY_BODIES];
 
-fn join_with(h: &mut Harness, id: WorkerId, features: &[&str], routes: Option<&[&str]>) {
+pub(super) fn join_with(h: &mut Harness, id: WorkerId, features: &[&str], routes: Option<&[&str]>) {
     let register = RegisterMessage {
         worker_name: format!("box-{id}"),
         models: vec!["m".into()],
