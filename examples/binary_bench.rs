@@ -6,7 +6,8 @@
 //! peak resident memory (`VmHWM`) is that scenario's:
 //!
 //! * a 100 MiB upload (an operator route, `EXTRA_ROUTES=/upload`): throughput and peak
-//!   RSS of server and worker, against the same upload sent to the box directly;
+//!   RSS of server and worker, against the same upload sent to the box directly; in
+//!   pieces (the default) and held whole (`BODY_PIECES_OVER_BYTES=0`, as before pieces);
 //! * a 100 MiB streamed answer (`/download`, the box sends it with its length);
 //! * a small binary request (1 KiB up, a short JSON answer), 300 in a row: the latency
 //!   the relay adds, median and p99, against the box directly;
@@ -36,14 +37,18 @@ fn main() {
 
     let upload = backend::noise(MIB100, 5);
     let direct = timed(|| call(b.addr, "/upload", "whisper", &upload));
-    let relay = Relay::start(b.addr);
+    let relay = Relay::start(b.addr, &[]);
     let through = timed(|| call(relay.addr, "/upload", "whisper", &upload));
-    rows.push(row("100 MiB upload", direct, through, &relay));
+    rows.push(row("100 MiB upload (in pieces)", direct, through, &relay));
+    drop(relay);
+    let relay = Relay::start(b.addr, &[("BODY_PIECES_OVER_BYTES", "0")]);
+    let through = timed(|| call(relay.addr, "/upload", "whisper", &upload));
+    rows.push(row("100 MiB upload (held whole)", direct, through, &relay));
     drop(relay);
 
     let ask = br#"{"model":"tts","bytes":104857600}"#;
     let direct = timed(|| call(b.addr, "/download", "tts", ask));
-    let relay = Relay::start(b.addr);
+    let relay = Relay::start(b.addr, &[]);
     let through = timed(|| call(relay.addr, "/download", "tts", ask));
     rows.push(row("100 MiB streamed answer", direct, through, &relay));
 
@@ -97,18 +102,17 @@ struct Relay {
 }
 
 impl Relay {
-    fn start(backend: SocketAddr) -> Relay {
+    fn start(backend: SocketAddr, extra: &[(&str, &str)]) -> Relay {
         let addr = process::free_addr();
-        let server = Process::spawn(
-            "modelrelay-server",
-            &[
-                ("WORKER_SECRET", SECRET.into()),
-                ("LISTEN_ADDR", addr.to_string()),
-                ("MAX_REQUEST_BODY_BYTES", "110000000".into()),
-                ("MAX_WS_MESSAGE_BYTES", "160000000".into()),
-                ("EXTRA_ROUTES", "/upload,/download".into()),
-            ],
-        );
+        let mut env = vec![
+            ("WORKER_SECRET", SECRET.to_string()),
+            ("LISTEN_ADDR", addr.to_string()),
+            ("MAX_REQUEST_BODY_BYTES", "110000000".into()),
+            ("MAX_WS_MESSAGE_BYTES", "160000000".into()),
+            ("EXTRA_ROUTES", "/upload,/download".into()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        let server = Process::spawn("modelrelay-server", &env);
         assert!(
             wait(|| TcpStream::connect(addr).is_ok()),
             "the server did not start"

@@ -343,3 +343,67 @@ fn a_worker_reports_the_routes_its_box_serves() {
     assert_eq!(resp.json()["error"]["code"], "route_not_served");
     assert!(b.seen.try_recv().is_err(), "nothing reached the box");
 }
+
+/// A vLLM box: its model list says `owned_by: vllm`, and its `/openapi.json` lists the
+/// routes its model supports (here tokenize and transcription, not score).
+fn fake_vllm() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                let Some((method, path, _)) = read_request(&mut reader) else {
+                    return;
+                };
+                let body = match (method.as_str(), path.as_str()) {
+                    ("GET", "/v1/models") => json!({"object": "list", "data": [
+                        {"id": "whisper", "object": "model", "owned_by": "vllm", "max_model_len": 448}
+                    ]}),
+                    ("GET", "/openapi.json") => json!({"openapi": "3.1.0", "paths": {
+                        "/tokenize": {"post": {}},
+                        "/v1/audio/transcriptions": {"post": {}},
+                        "/v1/chat/completions": {"post": {}}
+                    }}),
+                    ("POST", "/tokenize") => json!({"tokens": [1, 2], "count": 2}),
+                    _ => json!({"detail": "Not Found"}),
+                };
+                let status = if body.get("detail").is_some() {
+                    404
+                } else {
+                    200
+                };
+                let text = body.to_string();
+                let mut out = conn;
+                let _ = write!(
+                    out,
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_vllm_worker_reports_the_routes_its_openapi_document_lists() {
+    let server = ServerProc::start(&[]);
+    let _worker = start_worker(server.addr, fake_vllm(), &[]);
+    server.wait_workers(1);
+    let tokens = json_call(
+        server.addr,
+        "/tokenize",
+        &json!({"model": "whisper", "prompt": "hi"}),
+    );
+    assert_eq!(tokens.status, 200, "{}", tokens.text());
+    assert_eq!(tokens.json()["count"], 2);
+    // vLLM may serve /v1/score, but this one does not list it: refused at once.
+    let score = json_call(
+        server.addr,
+        "/v1/score",
+        &json!({"model": "whisper", "text_1": "a", "text_2": "b"}),
+    );
+    assert_eq!(score.status, 404, "{}", score.text());
+    assert_eq!(score.json()["error"]["code"], "route_not_served");
+}

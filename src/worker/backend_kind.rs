@@ -285,6 +285,8 @@ pub struct Residency {
     resident: Mutex<Resident>,
     /// What each advertised model is, once asked (`None`: the backend would not say).
     described: Mutex<BTreeMap<String, Option<ModelInfo>>>,
+    /// The relayed routes a vLLM backend's `/openapi.json` lists (`routes.rs`).
+    listed_routes: Mutex<Option<Vec<String>>>,
     /// Wakes the models thread for a re-check (capacity 1: one pending is enough).
     kick_tx: Sender<()>,
     pub(super) kick_rx: Receiver<()>,
@@ -302,6 +304,7 @@ impl Residency {
             kind: Mutex::new(kind),
             resident: Mutex::new(Resident::Unknown),
             described: Mutex::new(BTreeMap::new()),
+            listed_routes: Mutex::new(None),
             kick_tx,
             kick_rx,
         }
@@ -310,6 +313,30 @@ impl Residency {
     /// The backend's kind, once known.
     pub fn kind(&self) -> Option<Kind> {
         *self.kind.lock()
+    }
+
+    /// The relayed routes the backend's API document lists, when it has one.
+    pub fn listed_routes(&self) -> Option<Vec<String>> {
+        self.listed_routes.lock().clone()
+    }
+
+    /// Reads which routes a vLLM backend serves from its `/openapi.json` (it registers
+    /// only those its model supports), on every re-detection; other kinds have none.
+    fn list_routes(&self, backend: &Backend, kind: Kind) -> Result<(), String> {
+        let listed = match kind {
+            Kind::Vllm => fetch(backend, "/openapi.json")?
+                .as_deref()
+                .and_then(super::routes::from_openapi),
+            _ => None,
+        };
+        let mut kept = self.listed_routes.lock();
+        if *kept != listed {
+            if let Some(routes) = &listed {
+                info!("backend serves these relayed routes (its /openapi.json): {routes:?}");
+            }
+            *kept = listed;
+        }
+        Ok(())
     }
 
     /// The advertised models that are loaded (`None`: unknown).
@@ -411,6 +438,9 @@ impl Residency {
                 found
             }
         };
+        if redetect || known.is_none() {
+            self.list_routes(backend, kind)?;
+        }
         match read_resident(backend, kind) {
             Ok(now) => {
                 let mut resident = self.resident.lock();

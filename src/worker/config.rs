@@ -55,7 +55,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "routes",
         env: "ROUTES",
         default: Some("auto"),
-        help: "which relayed routes beyond chat the backend serves, reported to the server: auto (by backend kind), any (report nothing), or paths like /v1/audio/speech,/v1/audio/transcriptions",
+        help: "which relayed routes beyond chat the backend serves, reported to the server: auto (by backend kind; a vLLM's /openapi.json), any (report nothing), or paths like /v1/audio/speech,/v1/audio/transcriptions",
     },
     Opt {
         flag: "load-keep-alive",

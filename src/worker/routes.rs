@@ -8,7 +8,7 @@
 //! | kind | routes reported |
 //! |---|---|
 //! | `llama-server` | `/tokenize`, `/detokenize`, `/apply-template`, `/infill`, `/rerank`, `/v1/rerank`, `/v1/reranking` |
-//! | `vllm` | `/tokenize`, `/detokenize`, `/rerank`, `/v1/rerank`, `/v1/score`, `/v1/audio/transcriptions`, `/v1/audio/translations` |
+//! | `vllm` | the routes its `/openapi.json` lists (vLLM registers only the ones its model supports); without that document `/tokenize`, `/detokenize`, `/rerank`, `/v1/rerank`, `/v1/score`, `/v1/audio/transcriptions`, `/v1/audio/translations` |
 //! | `ollama` | none of them |
 //! | `openai` (anything else) | not reported: the server may send any route |
 //!
@@ -74,18 +74,37 @@ impl RoutesSetting {
         }
     }
 
-    /// What `register.routes` says for a backend of `kind` (`None`: not reported).
-    pub fn reported(&self, kind: Option<Kind>) -> Option<Vec<String>> {
+    /// What `register.routes` says for a backend of `kind` (`None`: not reported);
+    /// `listed`: the routes the backend's own API document lists, when it has one.
+    pub fn reported(&self, kind: Option<Kind>, listed: Option<Vec<String>>) -> Option<Vec<String>> {
         let list: &[&str] = match (self, kind) {
             (RoutesSetting::Any, _) => return None,
             (RoutesSetting::Fixed(paths), _) => return Some(paths.clone()),
             (RoutesSetting::Auto, Some(Kind::LlamaServer)) => LLAMA_SERVER,
+            (RoutesSetting::Auto, Some(Kind::Vllm)) if listed.is_some() => return listed,
             (RoutesSetting::Auto, Some(Kind::Vllm)) => VLLM,
             (RoutesSetting::Auto, Some(Kind::Ollama)) => &[],
             (RoutesSetting::Auto, Some(Kind::OpenAi) | None) => return None,
         };
         Some(list.iter().map(|p| p.to_string()).collect())
     }
+}
+
+/// The relay's routes beyond chat that an OpenAPI document (vLLM's `/openapi.json`)
+/// lists with a `POST` operation; `None` when the text is not such a document.
+pub fn from_openapi(doc: &str) -> Option<Vec<String>> {
+    let doc: serde_json::Value = serde_json::from_str(doc).ok()?;
+    let paths = doc.get("paths")?.as_object()?;
+    Some(
+        crate::server::endpoints::builtin()
+            .filter(|route| {
+                paths
+                    .get(*route)
+                    .is_some_and(|ops| ops.get("post").is_some())
+            })
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -95,12 +114,35 @@ mod tests {
     #[test]
     fn auto_goes_by_kind() {
         let auto = RoutesSetting::Auto;
-        let llama = auto.reported(Some(Kind::LlamaServer)).unwrap();
+        let llama = auto.reported(Some(Kind::LlamaServer), None).unwrap();
         assert!(llama.iter().any(|r| r == "/tokenize"));
         assert!(!llama.iter().any(|r| r == "/v1/audio/speech"));
-        assert_eq!(auto.reported(Some(Kind::Ollama)), Some(vec![]));
-        assert_eq!(auto.reported(Some(Kind::OpenAi)), None);
-        assert_eq!(auto.reported(None), None);
+        assert_eq!(auto.reported(Some(Kind::Ollama), None), Some(vec![]));
+        assert_eq!(auto.reported(Some(Kind::OpenAi), None), None);
+        assert_eq!(auto.reported(None, None), None);
+        // vLLM: what its document lists, else the routes it may serve.
+        let listed = Some(vec!["/tokenize".to_string()]);
+        assert_eq!(auto.reported(Some(Kind::Vllm), listed.clone()), listed);
+        assert_eq!(
+            auto.reported(Some(Kind::Vllm), None).unwrap().len(),
+            VLLM.len()
+        );
+        assert_eq!(RoutesSetting::Any.reported(Some(Kind::Vllm), listed), None);
+    }
+
+    #[test]
+    fn an_openapi_document_names_the_routes_served() {
+        let doc = r#"{"openapi":"3.1.0","paths":{
+            "/tokenize":{"post":{}}, "/v1/audio/transcriptions":{"post":{}},
+            "/v1/chat/completions":{"post":{}}, "/detokenize":{"get":{}},
+            "/pooling":{"post":{}}}}"#;
+        assert_eq!(
+            from_openapi(doc).unwrap(),
+            ["/v1/audio/transcriptions", "/tokenize"]
+        );
+        assert_eq!(from_openapi(r#"{"paths":{}}"#), Some(vec![]));
+        assert_eq!(from_openapi("<html>"), None);
+        assert_eq!(from_openapi(r#"{"openapi":"3"}"#), None);
     }
 
     #[test]
@@ -121,7 +163,7 @@ mod tests {
         let fixed =
             RoutesSetting::parse(Some("/v1/audio/speech, /v1/audio/transcriptions")).unwrap();
         assert_eq!(
-            fixed.reported(Some(Kind::Ollama)).unwrap(),
+            fixed.reported(Some(Kind::Ollama), None).unwrap(),
             ["/v1/audio/speech", "/v1/audio/transcriptions"]
         );
         assert!(RoutesSetting::parse(Some("tokenize")).is_err());

@@ -250,7 +250,10 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         backend_kind: shared.residency.kind().map(|k| k.as_str().to_string()),
         model_info,
         wake: shared.power.wake.clone(),
-        routes: shared.cfg.routes.reported(shared.residency.kind()),
+        routes: shared
+            .cfg
+            .routes
+            .reported(shared.residency.kind(), shared.residency.listed_routes()),
     }
 }
 
