@@ -310,6 +310,12 @@ pub enum ServerMessage {
     },
     /// Extension: the prefixes of the request that follows (see [`affinity`]).
     Prefixes(affinity::PrefixNote),
+    /// Extension: the worker may send the chunks of the request's binary answer numbered
+    /// below `until` (see [`pieces::FEATURE_ANSWER_CREDIT`]).
+    AnswerCredit {
+        request_id: String,
+        until: u64,
+    },
     /// Extension: one piece of a request body that follows its request (see [`pieces`]).
     BodyPiece {
         request_id: String,

@@ -24,7 +24,7 @@ const MIB: usize = 1 << 20;
 
 fn relay(extra: &[(&str, &str)]) -> (ServerProc, Proc, backend::Box) {
     let mut env = vec![
-        ("EXTRA_ROUTES", "/upload,/slow"),
+        ("EXTRA_ROUTES", "/upload,/slow,/download"),
         ("MAX_REQUEST_BODY_BYTES", "120000000"),
     ];
     env.extend_from_slice(extra);
@@ -352,4 +352,46 @@ fn pieces_follow_the_credit_and_a_worker_lost_midway_is_a_502() {
     let resp = read_response(&mut up.stream);
     assert_eq!(resp.status, 502, "{}", resp.text());
     assert_eq!(resp.json()["error"]["code"], "worker_disconnected");
+}
+
+#[test]
+fn a_client_that_reads_slowly_holds_the_box_back() {
+    const SIZE: usize = 96 * MIB;
+    let (server, _worker, b) = relay(&[]);
+    let ask = json!({"bytes": SIZE}).to_string();
+    let mut stream = TcpStream::connect(server.addr).expect("connect");
+    stream.set_read_timeout(Some(WAIT * 6)).ok();
+    let head = format!(
+        "POST /download HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\nx-model: whisper\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ask}",
+        ask.len()
+    );
+    stream.write_all(head.as_bytes()).expect("request");
+    let mut reader = std::io::BufReader::with_capacity(64 * 1024, stream);
+    let (status, _) = read_head(&mut reader);
+    assert_eq!(status, 200);
+    let mut got = vec![0u8; MIB];
+    std::io::Read::read_exact(&mut reader, &mut got).expect("the first MiB");
+    // The client stops reading: the box must stall long before the end, not the relay
+    // take the whole answer in.
+    match b
+        .downloads
+        .recv_timeout(WAIT * 3)
+        .expect("the box's download")
+    {
+        backend::Download::Stalled(written) => {
+            eprintln!("the box stalled {} MiB into the answer", written / MIB);
+            assert!(written < 40 * MIB, "{} MiB went out", written / MIB);
+        }
+        done => panic!("the box sent it all while the client read 1 MiB: {done:?}"),
+    }
+    std::io::Read::read_to_end(&mut reader, &mut got).expect("the rest");
+    assert_eq!(got.len(), SIZE);
+    assert!(
+        got == backend::download_noise(SIZE),
+        "the answer arrived intact"
+    );
+    assert_eq!(
+        b.downloads.recv_timeout(WAIT),
+        Ok(backend::Download::Done(SIZE))
+    );
 }

@@ -271,6 +271,10 @@ impl ServerMessage {
                 reason: reason_text(r.reason),
             },
             "prefixes" => ServerMessage::Prefixes(prefix_note(r, k)?),
+            "answer_credit" => ServerMessage::AnswerCredit {
+                request_id: need(r.request_id, k, "request_id")?,
+                until: need(r.until, k, "until")?,
+            },
             "body_piece" => ServerMessage::BodyPiece {
                 request_id: need(r.request_id, k, "request_id")?,
                 seq: need(r.seq, k, "seq")?,

@@ -29,6 +29,15 @@ pub const PIECE_BYTES: usize = 256 * 1024;
 /// Pieces the worker lets the server send ahead of what its backend took.
 pub const WINDOW: u64 = 8;
 
+/// Server feature (in `register_ack`, to workers that listed it): it sends
+/// `answer_credit` for binary answers, and the worker sends a binary answer's chunks
+/// only as far as that credit goes ([`ANSWER_WINDOW`] before any), so a client that
+/// reads slowly holds the backend back instead of the relay holding the answer.
+pub const FEATURE_ANSWER_CREDIT: &str = "answer_credit";
+/// Chunks of a binary answer (48 KiB each) the worker may send ahead of those the
+/// server wrote to the client.
+pub const ANSWER_WINDOW: u64 = 32;
+
 #[cfg(test)]
 mod tests {
     use super::super::{to_json, ServerMessage, WorkerMessage};
@@ -51,6 +60,11 @@ mod tests {
             until: 8,
         };
         assert_eq!(WorkerMessage::parse(&to_json(&credit)), Ok(credit));
+        let answer = ServerMessage::AnswerCredit {
+            request_id: "r1".into(),
+            until: 64,
+        };
+        assert_eq!(ServerMessage::parse(&to_json(&answer)), Ok(answer));
         assert!(WorkerMessage::parse(r#"{"type":"body_credit","request_id":"r"}"#).is_err());
         assert!(ServerMessage::parse(r#"{"type":"body_piece","request_id":"r","seq":0}"#).is_err());
     }

@@ -437,7 +437,10 @@ impl Session<'_, '_> {
             }
             let began = Instant::now();
             match self.conn.stream.write_all(&buf) {
-                Ok(()) => self.client_lags = began.elapsed() >= SLOW_WRITE,
+                Ok(()) => {
+                    self.client_lags = began.elapsed() >= SLOW_WRITE;
+                    self.grant_answer();
+                }
                 Err(e) if is_timeout(&e) => return self.cancel("client_too_slow"),
                 Err(_) if self.hold() => {}
                 Err(_) => return self.client_gone(),

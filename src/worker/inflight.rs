@@ -13,6 +13,8 @@ use parking_lot::{Condvar, Mutex};
 #[derive(Default)]
 pub struct Handle {
     state: Mutex<HandleState>,
+    /// Wakes a binary answer waiting for the server's credit (or for the cancel).
+    credit: Condvar,
 }
 
 #[derive(Default)]
@@ -21,6 +23,9 @@ struct HandleState {
     agent: Option<ureq::Agent>,
     /// Where the pieces of a body that follows the request go (`backend::pieces`).
     pieces: Option<crossbeam_channel::Sender<Piece>>,
+    /// How many chunks of a binary answer the server lets come (`None`: no limit, the
+    /// server does not grant `answer_credit`).
+    answer_until: Option<u64>,
 }
 
 /// One `body_piece`: its number, its base64 text, whether it is the last.
@@ -61,9 +66,34 @@ impl Handle {
             .is_some_and(|tx| tx.try_send(piece).is_ok())
     }
 
+    /// The server grants answer credit: chunks past `window` wait for it.
+    pub fn limit_answer(&self, window: u64) {
+        self.state.lock().answer_until = Some(window);
+    }
+
+    /// The server's `answer_credit`: chunks below `until` may go.
+    pub fn answer_credit(&self, until: u64) {
+        let mut state = self.state.lock();
+        if let Some(now) = &mut state.answer_until {
+            *now = (*now).max(until);
+            self.credit.notify_all();
+        }
+    }
+
+    /// Waits until chunk number `n` of a binary answer may go; false when cancelled
+    /// meanwhile.
+    pub fn wait_answer(&self, n: u64) -> bool {
+        let mut state = self.state.lock();
+        while !state.cancelled && state.answer_until.is_some_and(|until| n >= until) {
+            self.credit.wait(&mut state);
+        }
+        !state.cancelled
+    }
+
     pub fn cancel(&self) {
         let mut state = self.state.lock();
         state.cancelled = true;
+        self.credit.notify_all();
         // The backend's body reader, waiting for a piece, wakes up to an end.
         state.pieces = None;
         if let Some(agent) = state.agent.take() {
@@ -133,6 +163,14 @@ impl InFlight {
     pub fn piece(&self, relay: usize, id: &str, piece: Piece) -> bool {
         let handle = self.table.lock().get(&(relay, id.to_string())).cloned();
         handle.is_some_and(|h| h.push_piece(piece))
+    }
+
+    /// Passes the server's answer credit to its request.
+    pub fn answer_credit(&self, relay: usize, id: &str, until: u64) {
+        let handle = self.table.lock().get(&(relay, id.to_string())).cloned();
+        if let Some(h) = handle {
+            h.answer_credit(until);
+        }
     }
 
     pub fn cancel_all(&self) {

@@ -95,6 +95,9 @@ impl Slots {
             }
         };
         relays::report_load(shared);
+        if link.answer_credit {
+            handle.limit_answer(crate::protocol::pieces::ANSWER_WINDOW);
+        }
         let job = Job {
             req,
             handle,

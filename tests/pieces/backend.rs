@@ -1,6 +1,8 @@
 //! A fake box for uploads in pieces: real sockets, one thread per connection. It reads
 //! a body (`Content-Length` or chunked) as it comes, hashing it, never holding it, and
 //! tells the test how each upload ended. `/slow` reads only as the test lets it.
+//! `/download` answers the bytes its JSON body asks for, and tells the test when its
+//! writes stall (the client, through the relay, stopped taking them).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -32,6 +34,15 @@ pub struct Box {
     pub slow_go: Sender<usize>,
     /// Bytes `/slow` has read so far.
     pub slow_read: Arc<AtomicUsize>,
+    /// What `/download` did: `Stalled(written)` when a write waited 2 s, then
+    /// `Done(written)`.
+    pub downloads: Receiver<Download>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Download {
+    Stalled(usize),
+    Done(usize),
 }
 
 const READ: usize = 64 * 1024;
@@ -43,10 +54,11 @@ pub fn start() -> Box {
     let (slow_go, go) = crossbeam_channel::unbounded::<usize>();
     let slow_read = Arc::new(AtomicUsize::new(0));
     let read = slow_read.clone();
+    let (down_tx, downloads) = crossbeam_channel::unbounded();
     std::thread::spawn(move || {
         for conn in listener.incoming().map_while(Result::ok) {
-            let (tx, go, read) = (tx.clone(), go.clone(), read.clone());
-            std::thread::spawn(move || serve(conn, &tx, &go, &read));
+            let (tx, go, read, down) = (tx.clone(), go.clone(), read.clone(), down_tx.clone());
+            std::thread::spawn(move || serve(conn, &tx, &go, &read, &down));
         }
     });
     Box {
@@ -54,6 +66,7 @@ pub fn start() -> Box {
         uploads,
         slow_go,
         slow_read,
+        downloads,
     }
 }
 
@@ -124,7 +137,13 @@ impl Body<'_> {
     }
 }
 
-fn serve(conn: TcpStream, tx: &Sender<Upload>, go: &Receiver<usize>, read: &AtomicUsize) {
+fn serve(
+    conn: TcpStream,
+    tx: &Sender<Upload>,
+    go: &Receiver<usize>,
+    read: &AtomicUsize,
+    down: &Sender<Download>,
+) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone"));
     let mut out = conn;
     let mut line = String::new();
@@ -162,6 +181,17 @@ fn serve(conn: TcpStream, tx: &Sender<Upload>, go: &Receiver<usize>, read: &Atom
         return answer(&mut out, status, &body);
     }
     let content_length = header("content-length").and_then(|v| v.parse().ok());
+    if path == "/download" {
+        let mut body = vec![0u8; content_length.unwrap_or(0)];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let asked = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("bytes")?.as_u64())
+            .unwrap_or(0) as usize;
+        return download(&mut out, asked, down);
+    }
     let chunked = header("transfer-encoding").is_some_and(|v| v.contains("chunked"));
     let mut body = Body {
         reader: &mut reader,
@@ -196,4 +226,65 @@ fn answer(out: &mut TcpStream, status: u16, body: &str) {
     );
     let _ = out.write_all(head.as_bytes());
     let _ = out.write_all(body.as_bytes());
+}
+
+/// Noise, `len` bytes, with its length; a write that waits 2 s is reported once.
+fn download(out: &mut TcpStream, len: usize, down: &Sender<Download>) {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: audio/wav\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
+    );
+    if out.write_all(head.as_bytes()).is_err() {
+        return;
+    }
+    let _ = out.set_write_timeout(Some(std::time::Duration::from_secs(2)));
+    let mut x = 0x9e37_79b9u32;
+    let mut written = 0;
+    let mut stalled = false;
+    let mut pending: Vec<u8> = Vec::new();
+    while written < len {
+        if pending.is_empty() {
+            let n = (len - written).min(READ);
+            pending = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect();
+        }
+        match out.write(&pending) {
+            Ok(0) => return,
+            Ok(n) => {
+                written += n;
+                pending.drain(..n);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !stalled {
+                    stalled = true;
+                    let _ = down.send(Download::Stalled(written));
+                }
+            }
+            Err(_) => return,
+        }
+    }
+    let _ = down.send(Download::Done(written));
+}
+
+/// The bytes `/download` sends for `len`.
+pub fn download_noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9u32;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
 }

@@ -190,6 +190,9 @@ pub enum Event {
         chunk: String,
         last: bool,
     },
+    /// The client's thread wrote a binary answer's chunks: the worker may send those
+    /// numbered below `until` (`protocol::pieces::FEATURE_ANSWER_CREDIT`).
+    AnswerCredit { id: RequestId, until: u64 },
     /// A worker socket authenticated and sent `register`.
     WorkerJoined {
         id: WorkerId,
@@ -569,6 +572,7 @@ impl Dispatcher {
                 chunk,
                 last,
             } => self.body_piece(id, seq, chunk, last, now),
+            Event::AnswerCredit { id, until } => self.answer_credit(id, until),
             Event::WorkerJoined {
                 id,
                 register,

@@ -3,7 +3,8 @@
 //! the request runs on: a piece for a request not in flight (cancelled, failed, or not
 //! yet dispatched) is dropped, and credit from any other worker is ignored. The first
 //! piece marks the request as streamed: its body is gone from the relay, so a worker
-//! lost or failing after it ends the request instead of running it elsewhere.
+//! lost or failing after it ends the request instead of running it elsewhere. The
+//! credit of a binary answer (`answer_credit`) goes the other way, client to worker.
 
 use std::time::Instant;
 
@@ -39,6 +40,29 @@ impl Dispatcher {
                 last,
             },
         ));
+    }
+
+    /// Passes the client's credit on to the worker streaming its answer, when that
+    /// worker reads it.
+    pub(super) fn answer_credit(&mut self, id: RequestId, until: u64) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        let Stage::InFlight { worker, .. } = req.stage else {
+            return;
+        };
+        let reads = self.registry.get(worker).is_some_and(|w| {
+            w.features
+                .iter()
+                .any(|f| f == crate::protocol::pieces::FEATURE_ANSWER_CREDIT)
+        });
+        if reads {
+            let request_id = req.msg.request_id.clone();
+            self.actions.push(Action::ToWorker(
+                worker,
+                ServerMessage::AnswerCredit { request_id, until },
+            ));
+        }
     }
 
     pub(super) fn body_credit(&mut self, worker: WorkerId, wire: &str, until: u64, now: Instant) {

@@ -56,6 +56,7 @@ impl Dispatcher {
             protocol::FEATURE_LOAD_REPORTS,
             protocol::FEATURE_BUSY,
             protocol::affinity::FEATURE_AFFINITY_REPORTS,
+            protocol::pieces::FEATURE_ANSWER_CREDIT,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))

@@ -10,8 +10,10 @@ use log::debug;
 use super::super::errors::ApiError;
 use super::super::http::response::{self, Framing};
 use super::Session;
+use crate::protocol::pieces::ANSWER_WINDOW;
 use crate::protocol::{binary, HeaderMap, ResponseComplete};
-use crate::server::dispatcher::ClientEvent;
+use crate::server::dispatcher::runtime::Input;
+use crate::server::dispatcher::{ClientEvent, Event};
 use crate::server::reply::error_response;
 
 /// Backend headers a binary answer carries to the client, beyond the relay's own.
@@ -25,12 +27,27 @@ const PASSED: &[&str] = &[
 ];
 
 /// A binary answer in progress.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Binary {
     /// The backend's headers from `response_head`.
     head: HeaderMap,
     /// A chunk did not decode: the answer is cut, never ended as if whole.
     broken: bool,
+    /// Chunks taken from the worker, and how far the worker may go
+    /// (`protocol::pieces::FEATURE_ANSWER_CREDIT`).
+    chunks: u64,
+    granted: u64,
+}
+
+impl Default for Binary {
+    fn default() -> Binary {
+        Binary {
+            head: HeaderMap::new(),
+            broken: false,
+            chunks: 0,
+            granted: ANSWER_WINDOW,
+        }
+    }
 }
 
 impl Session<'_, '_> {
@@ -60,7 +77,27 @@ impl Session<'_, '_> {
             self.first_chunk = Some(self.started.elapsed());
         }
         response::push_chunk(buf, &bytes, framing);
+        if let Some(b) = &mut self.binary {
+            b.chunks += 1;
+        }
         true
+    }
+
+    /// After a write reached the client: the worker may send more of a binary answer,
+    /// granted half a window at a time (one message per 16 chunks, not per chunk).
+    pub(super) fn grant_answer(&mut self) {
+        let Some(b) = &mut self.binary else {
+            return;
+        };
+        if b.granted >= b.chunks + ANSWER_WINDOW / 2 {
+            return;
+        }
+        b.granted = b.chunks + ANSWER_WINDOW;
+        let credit = Event::AnswerCredit {
+            id: self.id,
+            until: b.granted,
+        };
+        let _ = self.ctx.inputs.send(Input::Event(credit));
     }
 
     /// The head of a streamed binary answer, once: the backend's length when it sent

@@ -129,10 +129,16 @@ fn stream(
         .is_some_and(|t| t.contains("json"));
     let mut scanned: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; READ_BYTES];
+    let mut sent = 0u64;
     loop {
+        // A client that reads slowly holds the backend back (`answer_credit`).
+        if !handle.wait_answer(sent) {
+            return Outcome::Cancelled;
+        }
         match reader.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                sent += 1;
                 if json && scanned.len() + n <= USAGE_SCAN_BYTES {
                     scanned.extend_from_slice(&buf[..n]);
                 }

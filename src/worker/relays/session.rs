@@ -95,6 +95,8 @@ pub struct Link {
     pub failover: bool,
     /// The server reads `response_head`.
     pub response_head: bool,
+    /// The server grants `answer_credit` for binary answers.
+    pub answer_credit: bool,
     /// What the server was last told about models and backend (see `health::sync`).
     pub told: Arc<parking_lot::Mutex<Told>>,
     /// The server runs model operations and reads `worker_status`.
@@ -167,6 +169,7 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
         backend_health: has(protocol::FEATURE_BACKEND_HEALTH),
         failover: has(protocol::FEATURE_FAILOVER),
         response_head: has(protocol::FEATURE_RESPONSE_HEAD),
+        answer_credit: has(protocol::pieces::FEATURE_ANSWER_CREDIT),
         told: Arc::new(parking_lot::Mutex::new(told)),
         lifecycle: has(FEATURE_LIFECYCLE),
         status_told: Arc::default(),
@@ -227,6 +230,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         protocol::FEATURE_RESPONSE_HEAD.into(),
         protocol::binary::FEATURE_BINARY_BODIES.into(),
         protocol::pieces::FEATURE_BODY_PIECES.into(),
+        protocol::pieces::FEATURE_ANSWER_CREDIT.into(),
         // Understood whatever the backend; the server sends continuations only to
         // workers whose backend kind can go on from a prefix.
         protocol::continuation::FEATURE_CONTINUATION.into(),
@@ -436,6 +440,11 @@ fn serve(
                 shared.power.sleep.answered(granted, reason)
             }
             ServerMessage::Prefixes(note) => super::affinity::pass_on(shared, link.relay, note),
+            ServerMessage::AnswerCredit { request_id, until } => {
+                shared
+                    .inflight
+                    .answer_credit(link.relay, &request_id, until)
+            }
             ServerMessage::BodyPiece {
                 request_id,
                 seq,

@@ -5,7 +5,7 @@
 use super::routes::join_with;
 use super::*;
 use crate::protocol::binary::FEATURE_BINARY_BODIES;
-use crate::protocol::pieces::{FEATURE_BODY_PIECES, PIECES};
+use crate::protocol::pieces::{FEATURE_ANSWER_CREDIT, FEATURE_BODY_PIECES, PIECES};
 
 const PIECED: &[&str] = &[FEATURE_BINARY_BODIES, FEATURE_BODY_PIECES];
 
@@ -126,4 +126,42 @@ fn a_body_in_pieces_no_worker_takes_fails_at_once() {
             }
         )]
     );
+}
+
+#[test]
+fn answer_credit_goes_to_the_worker_streaming_the_answer_when_it_reads_it() {
+    let mut h = Harness::new();
+    join_with(
+        &mut h,
+        1,
+        &[FEATURE_BINARY_BODIES, FEATURE_ANSWER_CREDIT],
+        None,
+    );
+    join_with(&mut h, 2, &[FEATURE_BINARY_BODIES], None);
+    let a = super::routes::submit_route(&mut h, 1, "/v1/audio/speech", true);
+    let b = super::routes::submit_route(&mut h, 2, "/v1/audio/speech", true);
+    let on_one = if dispatched(&a) == [(1, 1)] { 1 } else { 2 };
+    assert!(dispatched(&a).len() + dispatched(&b).len() == 2);
+    let credit_to = |a: &[Action]| -> Vec<(WorkerId, u64)> {
+        a.iter()
+            .filter_map(|a| match a {
+                Action::ToWorker(w, ServerMessage::AnswerCredit { until, .. }) => {
+                    Some((*w, *until))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let a = h.ev(Event::AnswerCredit {
+        id: on_one,
+        until: 64,
+    });
+    assert_eq!(credit_to(&a), [(1, 64)]);
+    // A worker that never listed the feature is not sent it.
+    let other = 3 - on_one;
+    let b = h.ev(Event::AnswerCredit {
+        id: other,
+        until: 64,
+    });
+    assert!(credit_to(&b).is_empty(), "{b:?}");
 }

@@ -28,7 +28,12 @@ pub(super) fn join_with(h: &mut Harness, id: WorkerId, features: &[&str], routes
     });
 }
 
-fn submit_route(h: &mut Harness, id: RequestId, route: &'static str, binary: bool) -> Vec<Action> {
+pub(super) fn submit_route(
+    h: &mut Harness,
+    id: RequestId,
+    route: &'static str,
+    binary: bool,
+) -> Vec<Action> {
     let msg = Arc::new(RequestMessage {
         request_id: wire_request_id(id),
         model: "m".into(),
