@@ -8,6 +8,8 @@
 #[path = "pieces/backend.rs"]
 mod backend;
 mod common;
+#[path = "endpoints/backend.rs"]
+mod endpoints_box;
 
 use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -84,12 +84,14 @@ pub fn start() -> Box {
     }
 }
 
-fn serve(conn: TcpStream, tx: &Sender<Seen>, go: &Receiver<()>) {
-    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-    let mut out = conn;
+/// A request's method, path and headers (names lower-case).
+pub type Head = (String, String, Vec<(String, String)>);
+
+/// Reads a request's [`Head`]; `None` when the connection ends first.
+pub fn read_head(reader: &mut impl BufRead) -> Option<Head> {
     let mut line = String::new();
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
+        return None;
     }
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or("").to_string();
@@ -98,16 +100,24 @@ fn serve(conn: TcpStream, tx: &Sender<Seen>, go: &Receiver<()>) {
     loop {
         line.clear();
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
+            return None;
         }
         let l = line.trim_end();
         if l.is_empty() {
-            break;
+            return Some((method, path, headers));
         }
         if let Some((n, v)) = l.split_once(':') {
             headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
+}
+
+fn serve(conn: TcpStream, tx: &Sender<Seen>, go: &Receiver<()>) {
+    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+    let mut out = conn;
+    let Some((method, path, headers)) = read_head(&mut reader) else {
+        return;
+    };
     let len: usize = headers
         .iter()
         .find(|(n, _)| n == "content-length")

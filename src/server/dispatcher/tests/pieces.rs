@@ -2,7 +2,7 @@
 //! client and the worker running the request; once a piece went out the request is not
 //! run elsewhere; a request no worker takes in pieces fails at once.
 
-use super::routes::join_with;
+use super::routes::{join_with, submit_route, submit_with};
 use super::*;
 use crate::protocol::binary::FEATURE_BINARY_BODIES;
 use crate::protocol::pieces::{FEATURE_ANSWER_CREDIT, FEATURE_BODY_PIECES, PIECES};
@@ -10,29 +10,12 @@ use crate::protocol::pieces::{FEATURE_ANSWER_CREDIT, FEATURE_BODY_PIECES, PIECES
 const PIECED: &[&str] = &[FEATURE_BINARY_BODIES, FEATURE_BODY_PIECES];
 
 fn submit_pieces(h: &mut Harness, id: RequestId) -> Vec<Action> {
-    let msg = Arc::new(RequestMessage {
-        request_id: wire_request_id(id),
-        model: "m".into(),
-        endpoint_path: "/upload".into(),
-        is_streaming: false,
-        body: Arc::from(""),
-        headers: Default::default(),
-        body_encoding: Some(PIECES.into()),
-        continuation: None,
-    });
-    h.ev(Event::Submit {
-        id,
-        msg,
-        who: Who::default(),
-        needs: Needs {
-            binary: true,
-            pieces: true,
-            ..Needs::default()
-        },
-        prints: Default::default(),
-        progress: false,
-        continuable: false,
-    })
+    let needs = Needs {
+        binary: true,
+        pieces: true,
+        ..Needs::default()
+    };
+    submit_with(h, id, "/upload", Some(PIECES), needs)
 }
 
 fn piece(h: &mut Harness, id: RequestId, seq: u64) -> Vec<Action> {
@@ -138,8 +121,8 @@ fn answer_credit_goes_to_the_worker_streaming_the_answer_when_it_reads_it() {
         None,
     );
     join_with(&mut h, 2, &[FEATURE_BINARY_BODIES], None);
-    let a = super::routes::submit_route(&mut h, 1, "/v1/audio/speech", true);
-    let b = super::routes::submit_route(&mut h, 2, "/v1/audio/speech", true);
+    let a = submit_route(&mut h, 1, "/v1/audio/speech", true);
+    let b = submit_route(&mut h, 2, "/v1/audio/speech", true);
     let on_one = if dispatched(&a) == [(1, 1)] { 1 } else { 2 };
     assert!(dispatched(&a).len() + dispatched(&b).len() == 2);
     let credit_to = |a: &[Action]| -> Vec<(WorkerId, u64)> {

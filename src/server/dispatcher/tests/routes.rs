@@ -34,6 +34,22 @@ pub(super) fn submit_route(
     route: &'static str,
     binary: bool,
 ) -> Vec<Action> {
+    let needs = Needs {
+        route: Some(route),
+        binary,
+        ..Needs::default()
+    };
+    submit_with(h, id, route, binary.then_some("base64"), needs)
+}
+
+/// Submits a request for `route` with its body so encoded and these needs.
+pub(super) fn submit_with(
+    h: &mut Harness,
+    id: RequestId,
+    route: &str,
+    encoding: Option<&str>,
+    needs: Needs,
+) -> Vec<Action> {
     let msg = Arc::new(RequestMessage {
         request_id: wire_request_id(id),
         model: "m".into(),
@@ -41,18 +57,14 @@ pub(super) fn submit_route(
         is_streaming: false,
         body: Arc::from("{}"),
         headers: Default::default(),
-        body_encoding: binary.then(|| "base64".into()),
+        body_encoding: encoding.map(str::to_string),
         continuation: None,
     });
     h.ev(Event::Submit {
         id,
         msg,
         who: Who::default(),
-        needs: Needs {
-            route: Some(route),
-            binary,
-            ..Needs::default()
-        },
+        needs,
         prints: Default::default(),
         progress: false,
         continuable: false,
