@@ -488,10 +488,8 @@ impl Session<'_, '_> {
         };
         self.push_final(&mut buf, event);
         let written = self.client_reads() && self.conn.stream.write_all(&buf).is_ok();
-        if self.upload.take().is_some() {
-            // Answered before the client's body was all read (refused, worker lost).
-            upload::linger(&mut self.conn.stream);
-        }
+        // Answered before the client's body was all read (refused, worker lost).
+        super::http::pieces::linger(self.conn);
         if let Some(tap) = &mut self.resume {
             tap.finish();
         }

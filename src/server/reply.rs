@@ -87,8 +87,11 @@ pub fn write_error(
 ) -> bool {
     let id = id.or(conn.request_id.as_deref());
     let extra: Vec<(&str, &str)> = id.map(|id| ("x-request-id", id)).into_iter().collect();
-    conn.stream
+    let written = conn
+        .stream
         .write_all(&error_response(style, e, keep_alive, &extra))
-        .is_ok()
-        && keep_alive
+        .is_ok();
+    // A large upload refused before it was read: the client must get to see why.
+    super::http::pieces::linger(conn);
+    written && keep_alive
 }

@@ -91,6 +91,7 @@ impl BodyStream {
                 }
             }
         }
+        conn.unread_body = !self.done;
         Ok(())
     }
 
@@ -155,4 +156,29 @@ pub fn refusal(e: &ReadError) -> Option<crate::server::errors::ApiError> {
         )),
         ReadError::Closed | ReadError::Io(_) => None,
     }
+}
+
+/// How long the rest of a body nobody will read is read and dropped before the
+/// connection closes: closed with unread bytes, the client's system would reset it and
+/// could throw the answer away before the client read it.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// After an answer to a request whose body was left unread (refused, or answered before
+/// the upload ended): drops what the client still sends, for a while.
+pub fn linger(conn: &mut Conn) {
+    if !std::mem::take(&mut conn.unread_body) {
+        return;
+    }
+    let until = Instant::now() + LINGER;
+    let mut sink = [0u8; 16 * 1024];
+    while Instant::now() < until {
+        let _ = conn
+            .stream
+            .set_read_timeout(Some(Duration::from_millis(250)));
+        match std::io::Read::read(&mut conn.stream, &mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    conn.buf.clear();
 }

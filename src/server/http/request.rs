@@ -106,6 +106,9 @@ pub struct Conn {
     /// routes that are not relayed; relayed requests carry their own).
     pub request_id: Option<String>,
     pub(super) buf: Vec<u8>,
+    /// A body left for the route to read ([`Request::pending`]) is not all read: an
+    /// answer written meanwhile is followed by a linger ([`super::pieces::linger`]).
+    pub(super) unread_body: bool,
     /// The read timeout the socket has now; changed only when a read needs another
     /// (a request that arrives in one piece costs no `setsockopt` at all).
     read_timeout: Option<Duration>,
@@ -120,6 +123,7 @@ impl Conn {
             peer,
             request_id: None,
             buf: Vec::new(),
+            unread_body: false,
             read_timeout: None,
         }
     }
@@ -219,6 +223,7 @@ impl Conn {
                 .map_err(ReadError::Io)?;
         }
         if defer {
+            self.unread_body = true;
             req.pending = Some(super::pieces::BodyStream::new(body_kind, limits));
             req.keep_alive = false;
             req.hold = Some(Arc::new(hold));

@@ -4,9 +4,7 @@
 //! or sends a body the limits refuse cancels the request on the worker, which cancels
 //! it on the backend.
 
-use std::io::Read;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use log::debug;
@@ -173,7 +171,6 @@ impl Session<'_, '_> {
                 self.status = api.status;
                 let wire = self.wire.clone();
                 crate::server::reply::write_error(self.conn, self.style, &api, false, Some(&wire));
-                linger(&mut self.conn.stream);
                 "body_refused"
             }
             None => {
@@ -181,23 +178,6 @@ impl Session<'_, '_> {
                 self.status = 499;
                 "client_disconnect"
             }
-        }
-    }
-}
-
-/// How long the rest of a refused body is read and dropped before the connection
-/// closes: closed with unread bytes, the client's system would reset it and could
-/// throw the error answer away before the client read it.
-const LINGER: Duration = Duration::from_secs(2);
-
-pub(super) fn linger(stream: &mut crate::net::Stream) {
-    let until = Instant::now() + LINGER;
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(250)));
-    let mut sink = [0u8; 16 * 1024];
-    while Instant::now() < until {
-        match stream.read(&mut sink) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
         }
     }
 }
