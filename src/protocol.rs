@@ -50,7 +50,9 @@
 //!   [`continuation`] (feature [`continuation::FEATURE_CONTINUATION`]).
 //! * `body_piece` (server → worker) and `body_credit` (worker → server): a large
 //!   request body in pieces with flow control; see [`pieces`] (feature
-//!   [`pieces::FEATURE_BODY_PIECES`]).
+//!   [`pieces::FEATURE_BODY_PIECES`]). `answer_credit` (server → worker): how far a
+//!   binary answer may run ahead of the client (feature
+//!   [`pieces::FEATURE_ANSWER_CREDIT`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
