@@ -210,7 +210,8 @@ fn answer(out: &mut TcpStream, status: u16, body: &str) {
     let _ = out.write_all(body.as_bytes());
 }
 
-/// Noise, `len` bytes, with its length; a write that waits 2 s is reported once.
+/// Noise, `len` bytes (the endpoints box's `noise(len, 0)`), with its length; a write
+/// that waits 2 s is reported once.
 fn download(out: &mut TcpStream, len: usize, down: &Sender<Download>) {
     let head = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: audio/wav\r\ncontent-length: {len}\r\nconnection: close\r\n\r\n"
@@ -256,17 +257,4 @@ fn download(out: &mut TcpStream, len: usize, down: &Sender<Download>) {
         }
     }
     let _ = down.send(Download::Done(written));
-}
-
-/// The bytes `/download` sends for `len`.
-pub fn download_noise(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9u32;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
