@@ -99,15 +99,7 @@ fn a_killed_worker_s_answer_is_finished_on_another_with_the_same_text() {
         let usage = chunks.iter().find_map(|c| c.get("usage")).expect("usage");
         assert_eq!(usage["completion_tokens"], WORDS, "{usage}");
         // The other backend was asked to go on from exactly what the client had.
-        let prefill = rig.other_prefill(killed);
-        assert!(
-            prefill
-                .as_deref()
-                .is_some_and(|p| expected.starts_with(p) && !p.is_empty()),
-            "{prefill:?}"
-        );
-        rig.restart(killed);
-        rig.server.wait_workers(2);
+        rig.check_prefill_and_revive(killed, &expected);
     }
 }
 
@@ -146,8 +138,7 @@ fn what_cannot_be_continued_ends_with_today_s_clean_error() {
         assert!(!text.contains(": continued"), "{extra}: {text}");
         let last = events(&text).pop().expect("events");
         assert!(last.data.contains("worker_disconnected"), "{extra}: {text}");
-        rig.restart(killed);
-        rig.server.wait_workers(2);
+        rig.revive(killed);
     }
 }
 

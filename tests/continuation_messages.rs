@@ -123,15 +123,7 @@ fn a_killed_worker_s_messages_answer_is_finished_on_another_with_the_same_text()
             .unwrap();
         assert_eq!(end["usage"]["output_tokens"], WORDS, "{end}");
         // The other backend was asked to go on from exactly what the client had.
-        let prefill = rig.other_prefill(killed);
-        assert!(
-            prefill
-                .as_deref()
-                .is_some_and(|p| expected.starts_with(p) && !p.is_empty()),
-            "{prefill:?}"
-        );
-        rig.restart(killed);
-        rig.server.wait_workers(2);
+        rig.check_prefill_and_revive(killed, &expected);
     }
 }
 
@@ -161,7 +153,6 @@ fn what_cannot_be_continued_ends_with_today_s_clean_error() {
         let last = events.last().expect("events");
         assert_eq!(last["type"], "error", "{extra}: {text}");
         assert!(last.to_string().contains("disconnected"), "{last}");
-        rig.restart(killed);
-        rig.server.wait_workers(2);
+        rig.revive(killed);
     }
 }

@@ -204,15 +204,7 @@ impl Echo {
 
 /// The JSON of an SSE event's `data:` lines, when it is JSON.
 fn data_json(event: &str) -> Option<Value> {
-    let data: Vec<&str> = event
-        .lines()
-        .filter_map(|line| line.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect();
-    if data.is_empty() {
-        return None;
-    }
-    serde_json::from_str(&data.join("\n")).ok()
+    serde_json::from_str(&super::stream_usage::event_data(event)?).ok()
 }
 
 /// Where an event carries the answer's text: a chat chunk's `choices[0].delta.content`,

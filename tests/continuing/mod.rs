@@ -301,10 +301,24 @@ impl Rig {
         [0, 1].map(|i| self.backends[i].1.prefills.lock().len())
     }
 
-    /// The prefill the backend other than `killed` got last.
-    pub fn other_prefill(&self, killed: usize) -> Option<String> {
+    /// Asserts that the backend other than `killed` was asked to go on from a part of
+    /// `expected` (what the client had); then brings the killed worker back.
+    pub fn check_prefill_and_revive(&mut self, killed: usize, expected: &str) {
         let other = &self.backends[1 - killed].1;
-        other.prefills.lock().last().cloned().flatten()
+        let prefill = other.prefills.lock().last().cloned().flatten();
+        assert!(
+            prefill
+                .as_deref()
+                .is_some_and(|p| expected.starts_with(p) && !p.is_empty()),
+            "{prefill:?}"
+        );
+        self.revive(killed);
+    }
+
+    /// Starts worker `i` again and waits until both are connected.
+    pub fn revive(&mut self, i: usize) {
+        self.restart(i);
+        self.server.wait_workers(2);
     }
 }
 

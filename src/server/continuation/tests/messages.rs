@@ -91,15 +91,23 @@ fn text_of(events: &[Value], index: u64) -> (String, Vec<u64>) {
     (text, starts)
 }
 
+/// The first part of an answer: its start and a text block with `words`.
+fn first(words: &[&str]) -> String {
+    format!("{}{}{}", start("a", 9), text_block(0), texts(0, words))
+}
+
+/// A tracker whose answer broke after [`first`]`(words)`, its continuation asked for.
+fn broken_after(words: &[&str], marker: bool) -> Tracker {
+    let mut t = Tracker::new(original(), marker);
+    t.pass(&first(words));
+    t.interrupted().expect("continuable");
+    t
+}
+
 #[test]
 fn a_continuation_goes_on_in_the_same_text_block() {
     let mut t = Tracker::new(original(), true);
-    let first = format!(
-        "{}{}{}",
-        start("msg_a", 9),
-        text_block(0),
-        texts(0, &["The", " sea"])
-    );
+    let first = first(&["The", " sea"]);
     let (x, y) = first.split_at(first.len() - 7);
     assert_eq!(format!("{}{}", t.pass(x), t.pass(y)), first);
     // The worker dies inside an event: that start never goes out.
@@ -152,14 +160,7 @@ fn a_continuation_goes_on_in_the_same_text_block() {
 
 #[test]
 fn a_second_break_goes_on_from_all_the_text_and_input_usage_moves_too() {
-    let mut t = Tracker::new(original(), true);
-    t.pass(&format!(
-        "{}{}{}",
-        start("a", 9),
-        text_block(0),
-        texts(0, &["one"])
-    ));
-    t.interrupted().expect("first");
+    let mut t = broken_after(&["one"], true);
     // This backend puts its text in the block start, and input usage in the delta.
     let second = format!(
         "{}{}{}",
@@ -200,14 +201,7 @@ fn a_second_break_goes_on_from_all_the_text_and_input_usage_moves_too() {
 
 #[test]
 fn later_blocks_take_the_client_s_next_index_and_thinking_is_dropped() {
-    let mut t = Tracker::new(original(), false);
-    t.pass(&format!(
-        "{}{}{}",
-        start("a", 9),
-        text_block(0),
-        texts(0, &["Hi"])
-    ));
-    t.interrupted().expect("continuable");
+    let mut t = broken_after(&["Hi"], false);
     let thinking = format!(
         "{}{}{}",
         block(0, json!({"type": "thinking", "thinking": ""})),
@@ -241,14 +235,7 @@ fn later_blocks_take_the_client_s_next_index_and_thinking_is_dropped() {
     let indexes: Vec<u64> = events.iter().filter_map(|v| v["index"].as_u64()).collect();
     assert_eq!(indexes, [0, 0, 1, 1, 1]);
     // A continuation that begins with a tool use stops the open text block first.
-    let mut t = Tracker::new(original(), false);
-    t.pass(&format!(
-        "{}{}{}",
-        start("a", 9),
-        text_block(0),
-        texts(0, &["Hi"])
-    ));
-    t.interrupted().expect("continuable");
+    let mut t = broken_after(&["Hi"], false);
     let out = t
         .pass(&format!(
             "{}{}",
@@ -326,12 +313,7 @@ fn what_cannot_be_continued_says_why() {
     ];
     for (stream, why) in cases {
         let mut t = Tracker::new(original(), true);
-        t.pass(&format!(
-            "{}{}{}",
-            start("a", 9),
-            text_block(0),
-            texts(0, &["x"])
-        ));
+        t.pass(&first(&["x"]));
         assert_eq!(t.pass(&stream), stream, "passes unchanged");
         assert_eq!(t.interrupted().unwrap_err(), why, "{stream}");
     }
