@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::procs::{start_worker, Proc, ServerProc};
-use crate::common::{read_chunk, read_request};
+use crate::common::{answer_get, read_chunk, read_request};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -69,15 +69,7 @@ fn serve(conn: TcpStream, backend: &Backend) {
     let mut reader = BufReader::new(conn);
     while let Some((method, path, body)) = read_request(&mut reader) {
         if method == "GET" {
-            let (status, body) = match path.as_str() {
-                "/v1/models" => (200, r#"{"object":"list","data":[{"id":"m"}]}"#),
-                _ => (404, r#"{"error":"not found"}"#),
-            };
-            let head = format!(
-                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                body.len()
-            );
-            if out.write_all(format!("{head}{body}").as_bytes()).is_err() {
+            if answer_get(&mut out, &path).is_err() {
                 return;
             }
             continue;
