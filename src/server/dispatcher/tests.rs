@@ -84,6 +84,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.ev(Event::Submit {
             id,
@@ -107,6 +108,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.ev(Event::Submit {
             id,
@@ -136,6 +138,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         let who = Who {
             tenant: Arc::from(tenant),
@@ -192,6 +195,7 @@ pub(super) fn chat_submit(id: RequestId, model: &str, prints: Fingerprints) -> E
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     });
     Event::Submit {
         id,

@@ -39,6 +39,7 @@ fn original(id: RequestId) -> Arc<RequestMessage> {
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     })
 }
 

@@ -38,6 +38,7 @@ fn submit_route(h: &mut Harness, id: RequestId, route: &'static str, binary: boo
         headers: Default::default(),
         body_encoding: binary.then(|| "base64".into()),
         continuation: None,
+        held: None,
     });
     h.ev(Event::Submit {
         id,

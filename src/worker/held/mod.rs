@@ -1,0 +1,172 @@
+//! Streams held on the worker ([`crate::protocol::held`]): a resumable answer survives
+//! the death of the relay it streamed through.
+//!
+//! A request that came with `held` numbers its events as the relay does (the relay's
+//! own buffer code, [`Events`]) and keeps them. When the relay's socket drops, the
+//! request is not cancelled: it goes on into the buffer for its grace period; a relay
+//! that sends `attach` with the right proof gets the events after the client's last
+//! one and then the rest live ([`stream`]). Nobody within the grace period: the reaper
+//! thread cancels it at the backend, as a lost relay's requests always were.
+//!
+//! Bounded per stream ([`STREAM_BYTES`]) and for all streams ([`TOTAL_BYTES`]): while a
+//! relay reads, the oldest events (already sent) make room; past a cap with nobody
+//! reading, the stream is given up and cancelled as before.
+
+pub mod stream;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use log::info;
+use parking_lot::{Condvar, Mutex};
+
+use super::inflight::Handle;
+use super::relays::session::Link;
+use crate::protocol::held::{Attach, Hold, MAX_PROOF};
+pub use stream::Stream;
+
+/// Most bytes kept for one stream (the relay's `RESUME_BUFFER_BYTES` default).
+pub const STREAM_BYTES: usize = 1 << 20;
+/// Most bytes kept for all streams together.
+pub const TOTAL_BYTES: usize = 64 << 20;
+/// Charged per stream besides its events.
+pub const STREAM_OVERHEAD: usize = 512;
+/// The longest grace period a relay may ask for.
+const MAX_GRACE: Duration = Duration::from_secs(600);
+/// How often the reaper looks at least.
+const REAP_EVERY: Duration = Duration::from_millis(250);
+
+/// The held streams of this worker, by request id.
+#[derive(Default)]
+pub struct HeldStreams {
+    streams: Mutex<HashMap<String, Arc<Stream>>>,
+    /// Bytes charged by all streams.
+    bytes: Arc<AtomicUsize>,
+    /// Wakes the reaper when a stream loses its reader.
+    wake: Condvar,
+}
+
+impl HeldStreams {
+    /// Starts holding request `id` of relay `relay`; `None` when it does not qualify
+    /// or the total cap leaves no room (it then runs as any other request).
+    pub fn open(
+        &self,
+        relay: usize,
+        id: &str,
+        hold: &Hold,
+        handle: &Arc<Handle>,
+    ) -> Option<Arc<Stream>> {
+        if hold.proof.is_empty() || hold.proof.len() > MAX_PROOF || hold.grace_secs == 0 {
+            return None;
+        }
+        let mut streams = self.streams.lock();
+        if self.bytes.load(Ordering::Relaxed) + STREAM_OVERHEAD > TOTAL_BYTES {
+            return None;
+        }
+        self.bytes.fetch_add(STREAM_OVERHEAD, Ordering::Relaxed);
+        let grace = Duration::from_secs(hold.grace_secs).min(MAX_GRACE);
+        let stream = Arc::new(Stream::new(
+            id,
+            relay,
+            hold.proof.clone(),
+            grace,
+            handle.clone(),
+            self.bytes.clone(),
+        ));
+        if let Some(old) = streams.insert(id.to_string(), stream.clone()) {
+            self.release(&old);
+        }
+        Some(stream)
+    }
+
+    /// Relay `relay`'s session ended: its held streams that still run go on for their
+    /// grace period. Returns their ids (not to be cancelled).
+    pub fn relay_lost(&self, relay: usize) -> Vec<String> {
+        let streams: Vec<Arc<Stream>> = self.streams.lock().values().cloned().collect();
+        let mut kept = Vec::new();
+        for s in streams {
+            if s.relay_lost(relay, Instant::now()) {
+                info!("request {}: relay lost; stream held for a resume", s.id());
+                kept.push(s.id().to_string());
+            }
+        }
+        self.wake.notify_all();
+        kept
+    }
+
+    /// A `cancel` from relay `relay`: true when it concerned a held stream and is taken
+    /// care of here (a resume's reader left; or the stream moved to another relay).
+    pub fn cancel(&self, relay: usize, id: &str) -> bool {
+        let streams: Vec<Arc<Stream>> = self.streams.lock().values().cloned().collect();
+        let taken = streams
+            .iter()
+            .any(|s| s.cancel_from(relay, id, Instant::now()));
+        self.wake.notify_all();
+        taken
+    }
+
+    /// An `attach` from `link`'s relay: the holder answers it; any other stream id is
+    /// answered `stream_not_held`.
+    pub fn attach(&self, link: &Link, msg: &Attach) {
+        let stream = self.streams.lock().get(&msg.stream_id).cloned();
+        match stream {
+            Some(s) => s.attach(link, msg, Instant::now()),
+            None => stream::refuse(&link.out, &msg.request_id, stream::Refusal::NotHeld),
+        }
+    }
+
+    /// Bytes charged now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Streams remembered now.
+    pub fn len(&self) -> usize {
+        self.streams.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One round of the reaper: cancels streams nobody read for their grace period,
+    /// forgets ended ones past it. Returns how long it may sleep.
+    pub fn reap(&self, now: Instant) -> Duration {
+        let streams: Vec<Arc<Stream>> = self.streams.lock().values().cloned().collect();
+        let mut gone = Vec::new();
+        for s in &streams {
+            if s.reap(now) {
+                gone.push(s.clone());
+            }
+        }
+        if !gone.is_empty() {
+            let mut map = self.streams.lock();
+            for s in gone {
+                if map.get(s.id()).is_some_and(|x| Arc::ptr_eq(x, &s)) {
+                    map.remove(s.id());
+                    self.release(&s);
+                }
+            }
+        }
+        REAP_EVERY
+    }
+
+    fn release(&self, s: &Stream) {
+        let freed = s.forget() + STREAM_OVERHEAD;
+        self.bytes.fetch_sub(freed, Ordering::Relaxed);
+    }
+
+    /// Runs the reaper for the life of the process.
+    pub fn run_reaper(&self) {
+        loop {
+            let wait = self.reap(Instant::now());
+            let mut guard = self.streams.lock();
+            self.wake.wait_for(&mut guard, wait);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
