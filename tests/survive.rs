@@ -176,3 +176,37 @@ fn a_worker_without_the_feature_cancels_at_once_when_its_relay_dies() {
         .expect("the backend sees the cancel at once");
     assert!(!worker.log().contains(HELD));
 }
+
+#[test]
+fn with_its_relay_alive_a_stream_moves_to_the_relay_the_client_resumed_through() {
+    let backend = backend::start(EVENTS);
+    // Relay A gives its own copy up a second after its client left; the stream must
+    // go on through B regardless.
+    let pair = pair(&backend, &[("RESUME_GRACE_SECS", "1")]);
+    let (client, url, last) = read_some(&pair, &backend, 5);
+    client.drop_connection();
+    pair.a.proc.wait_line("stream held for a resume");
+    let mut resumed = Client::resume(pair.b.addr, &url, last, &[]);
+    assert_eq!(resumed.status, 200);
+    backend.gate.allow(8);
+    for id in 6..=8 {
+        let got = resumed.next_event().expect("an event");
+        assert_eq!((got.id, word(&got.data)), (id, Some(format!("w{id} "))));
+    }
+    // A's grace period ends: it cancels its request, which the worker lets go of.
+    pair.a.proc.wait_line("outcome=client_disconnect");
+    pair.worker.wait_line("held stream detached");
+    backend.gate.allow(EVENTS + 1);
+    let mut id = 8;
+    loop {
+        let got = resumed.next_event().expect("the body goes on to [DONE]");
+        assert_eq!(got.id, id + 1);
+        id = got.id;
+        if got.data == "[DONE]" {
+            break;
+        }
+        assert_eq!(word(&got.data), Some(format!("w{id} ")));
+    }
+    assert_eq!(id as usize, EVENTS + 1);
+    assert!(backend.cancels.try_recv().is_err(), "never cancelled");
+}

@@ -238,7 +238,7 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> (Outcome, boo
         // A server that did not ask for `response_head` is not sent one.
         if head || !matches!(msg, WorkerMessage::ResponseHead { .. }) {
             match &job.held {
-                Some(held) => held.pass(msg, &job.out),
+                Some(held) => held.pass(msg, |m| job.out.send(m)),
                 None => {
                     job.out.send(&msg);
                 }
@@ -273,7 +273,7 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> (Outcome, boo
 /// Sends a request's `error` to its relay; a held stream's resumed reader gets it too.
 fn send_report(job: &Job, msg: WorkerMessage) {
     if let Some(held) = &job.held {
-        held.failed(Some(&msg));
+        held.failed(&msg);
     }
     job.out.send(&msg);
 }

@@ -148,16 +148,23 @@ impl Stream {
         &self.id
     }
 
-    /// One message of the answer, on its way to the relay it came from (`origin`): the
-    /// events are numbered and kept, and a resumed reader gets them too.
-    pub fn pass(&self, msg: WorkerMessage, origin: &Out) {
+    /// One message of the answer, on its way to the relay it came from (`origin` sends
+    /// it there): the events are numbered and kept, and a resumed reader gets them too.
+    pub fn pass(&self, msg: WorkerMessage, origin: impl Fn(&WorkerMessage) -> bool) {
         let mut st = self.state.lock();
+        if st.end != End::Running {
+            // Given up (or, oddly, past its end): nothing more is kept.
+            if st.origin_reads {
+                origin(&msg);
+            }
+            return;
+        }
         match msg {
             WorkerMessage::ResponseChunk { request_id, chunk } => {
                 let mut numbered = Vec::new();
                 let charged = st.events.push(&chunk, &mut numbered);
                 if st.origin_reads {
-                    origin.send(&WorkerMessage::ResponseChunk { request_id, chunk });
+                    origin(&WorkerMessage::ResponseChunk { request_id, chunk });
                 }
                 self.to_reader(&mut st, &numbered);
                 self.charge(&mut st, charged);
@@ -183,18 +190,16 @@ impl Stream {
                         }));
                 }
                 if st.origin_reads {
-                    origin.send(&WorkerMessage::ResponseComplete(rc));
+                    origin(&WorkerMessage::ResponseComplete(rc));
                 }
-                if st.end == End::Running {
-                    st.end = End::Done {
-                        at: Instant::now(),
-                        rc: last,
-                    };
-                }
+                st.end = End::Done {
+                    at: Instant::now(),
+                    rc: last,
+                };
             }
             other => {
                 if st.origin_reads {
-                    origin.send(&other);
+                    origin(&other);
                 }
             }
         }
@@ -202,26 +207,27 @@ impl Stream {
 
     /// The request ended without a complete answer (`error`: the report its relay
     /// gets): a resumed reader gets it too; a later resume is told it was cancelled.
-    pub fn failed(&self, error: Option<&WorkerMessage>) {
+    pub fn failed(&self, error: &WorkerMessage) {
         let mut st = self.state.lock();
-        if let (Some(r), Some(WorkerMessage::Error { .. })) = (st.reader.take(), error) {
-            if let Some(WorkerMessage::Error {
+        if let (
+            Some(r),
+            WorkerMessage::Error {
                 code,
                 message,
                 status_code,
                 ..
-            }) = error
-            {
-                r.out.send(&WorkerMessage::Error {
-                    request_id: Some(r.request_id.clone()),
-                    code: code.clone(),
-                    message: message.clone(),
-                    status_code: *status_code,
-                    retryable: None,
-                    headers: Default::default(),
-                    body: None,
-                });
-            }
+            },
+        ) = (st.reader.take(), error)
+        {
+            r.out.send(&WorkerMessage::Error {
+                request_id: Some(r.request_id.clone()),
+                code: code.clone(),
+                message: message.clone(),
+                status_code: *status_code,
+                retryable: None,
+                headers: Default::default(),
+                body: None,
+            });
         }
         if st.end == End::Running {
             st.end = End::GivenUp {

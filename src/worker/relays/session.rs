@@ -373,7 +373,10 @@ fn serve(
             }
             ServerMessage::Cancel { request_id, reason } => {
                 if shared.held.cancel(link.relay, &request_id) {
-                    debug!("cancel of {request_id}: held stream detached");
+                    info!(
+                        "request {request_id}: held stream detached from relay {}",
+                        link.relay
+                    );
                 } else if shared.inflight.cancel(link.relay, &request_id) {
                     info!(
                         "request {request_id} cancelled by server ({})",
