@@ -143,7 +143,7 @@ impl Worker {
                 &cfg.power,
                 cfg.connect_urls.first().map_or("", String::as_str),
             ),
-            held: held::HeldStreams::default(),
+            held: held::HeldStreams::new(cfg.held_stream_bytes, cfg.held_total_bytes),
             draining: AtomicBool::new(false),
             drain_signal: Mutex::new(Some(drain_tx)),
             drain_wait,

@@ -8,7 +8,7 @@
 //! one and then the rest live ([`stream`]). Nobody within the grace period: the reaper
 //! thread cancels it at the backend, as a lost relay's requests always were.
 //!
-//! Bounded per stream ([`STREAM_BYTES`]) and for all streams ([`TOTAL_BYTES`]): while a
+//! Bounded per stream (`HELD_STREAM_BYTES`) and for all streams (`HELD_TOTAL_BYTES`): while a
 //! relay reads, the oldest events (already sent) make room; past a cap with nobody
 //! reading, the stream is given up and cancelled as before.
 
@@ -27,9 +27,9 @@ use super::relays::session::Link;
 use crate::protocol::held::{Attach, Hold, MAX_PROOF};
 pub use stream::Stream;
 
-/// Most bytes kept for one stream (the relay's `RESUME_BUFFER_BYTES` default).
+/// Default of `HELD_STREAM_BYTES` (the relay's `RESUME_BUFFER_BYTES` default).
 pub const STREAM_BYTES: usize = 1 << 20;
-/// Most bytes kept for all streams together.
+/// Default of `HELD_TOTAL_BYTES`.
 pub const TOTAL_BYTES: usize = 64 << 20;
 /// Charged per stream besides its events.
 pub const STREAM_OVERHEAD: usize = 512;
@@ -39,8 +39,11 @@ const MAX_GRACE: Duration = Duration::from_secs(600);
 const REAP_EVERY: Duration = Duration::from_millis(250);
 
 /// The held streams of this worker, by request id.
-#[derive(Default)]
 pub struct HeldStreams {
+    /// Most bytes one stream keeps (`HELD_STREAM_BYTES`).
+    stream_cap: usize,
+    /// Most bytes all streams keep (`HELD_TOTAL_BYTES`).
+    total_cap: usize,
     streams: Mutex<HashMap<String, Arc<Stream>>>,
     /// Bytes charged by all streams.
     bytes: Arc<AtomicUsize>,
@@ -48,7 +51,23 @@ pub struct HeldStreams {
     wake: Condvar,
 }
 
+impl Default for HeldStreams {
+    fn default() -> HeldStreams {
+        HeldStreams::new(STREAM_BYTES, TOTAL_BYTES)
+    }
+}
+
 impl HeldStreams {
+    pub fn new(stream_cap: usize, total_cap: usize) -> HeldStreams {
+        HeldStreams {
+            stream_cap,
+            total_cap,
+            streams: Mutex::default(),
+            bytes: Arc::default(),
+            wake: Condvar::new(),
+        }
+    }
+
     /// Starts holding request `id` of relay `relay`; `None` when it does not qualify
     /// or the total cap leaves no room (it then runs as any other request).
     pub fn open(
@@ -62,7 +81,7 @@ impl HeldStreams {
             return None;
         }
         let mut streams = self.streams.lock();
-        if self.bytes.load(Ordering::Relaxed) + STREAM_OVERHEAD > TOTAL_BYTES {
+        if self.bytes.load(Ordering::Relaxed) + STREAM_OVERHEAD > self.total_cap {
             return None;
         }
         self.bytes.fetch_add(STREAM_OVERHEAD, Ordering::Relaxed);
@@ -74,6 +93,7 @@ impl HeldStreams {
             grace,
             handle.clone(),
             self.bytes.clone(),
+            (self.stream_cap, self.total_cap),
         ));
         if let Some(old) = streams.insert(id.to_string(), stream.clone()) {
             self.release(&old);

@@ -11,7 +11,6 @@ use log::info;
 use parking_lot::Mutex;
 use subtle::ConstantTimeEq;
 
-use super::{STREAM_BYTES, TOTAL_BYTES};
 use crate::protocol::held::{Attach, NOT_HELD};
 use crate::protocol::{ResponseComplete, WorkerMessage};
 use crate::server::relay::boundary::Format;
@@ -115,6 +114,8 @@ pub struct Stream {
     handle: Arc<Handle>,
     /// The table's total of bytes charged.
     total: Arc<AtomicUsize>,
+    /// Most bytes this stream, and all streams, may keep.
+    caps: (usize, usize),
     state: Mutex<State>,
 }
 
@@ -126,6 +127,7 @@ impl Stream {
         grace: Duration,
         handle: Arc<Handle>,
         total: Arc<AtomicUsize>,
+        caps: (usize, usize),
     ) -> Stream {
         Stream {
             id: id.to_string(),
@@ -134,6 +136,7 @@ impl Stream {
             grace,
             handle,
             total,
+            caps,
             state: Mutex::new(State {
                 events: Events::new(Format::Sse),
                 origin_reads: true,
@@ -263,19 +266,20 @@ impl Stream {
     /// Counts `charged` more bytes; past a cap, drops what was sent already, and with
     /// nobody reading gives the stream up (cancelled at the backend).
     fn charge(&self, st: &mut State, charged: usize) {
+        let (stream_cap, total_cap) = self.caps;
         let total = self.total.fetch_add(charged, Ordering::Relaxed) + charged;
         let own = st.events.charged() + st.events.pending();
-        if own <= STREAM_BYTES && total <= TOTAL_BYTES {
+        if own <= stream_cap && total <= total_cap {
             return;
         }
         let reading = st.origin_reads || st.reader.is_some();
         let upto = if reading { st.events.last_id() } else { 0 };
-        let over_total = total.saturating_sub(TOTAL_BYTES);
-        let target = STREAM_BYTES.min(st.events.charged().saturating_sub(over_total));
+        let over_total = total.saturating_sub(total_cap);
+        let target = stream_cap.min(st.events.charged().saturating_sub(over_total));
         let freed = st.events.trim(target, upto);
         self.total.fetch_sub(freed, Ordering::Relaxed);
         let own = st.events.charged() + st.events.pending();
-        if (own > STREAM_BYTES || total - freed > TOTAL_BYTES) && st.end == End::Running {
+        if (own > stream_cap || total - freed > total_cap) && st.end == End::Running {
             info!(
                 "request {}: held stream outgrew its buffer; cancelled",
                 self.id
