@@ -35,8 +35,10 @@ pub const TOTAL_BYTES: usize = 64 << 20;
 pub const STREAM_OVERHEAD: usize = 512;
 /// The longest grace period a relay may ask for.
 const MAX_GRACE: Duration = Duration::from_secs(600);
-/// How often the reaper looks at least.
+/// How often the reaper looks while streams are held.
 const REAP_EVERY: Duration = Duration::from_millis(250);
+/// How long it sleeps with none (an insert wakes it).
+const IDLE_WAIT: Duration = Duration::from_secs(3600);
 
 /// The held streams of this worker, by request id.
 pub struct HeldStreams {
@@ -98,6 +100,7 @@ impl HeldStreams {
         if let Some(old) = streams.insert(id.to_string(), stream.clone()) {
             self.release(&old);
         }
+        self.wake.notify_all();
         Some(stream)
     }
 
@@ -178,11 +181,14 @@ impl HeldStreams {
         self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
 
-    /// Runs the reaper for the life of the process.
+    /// Runs the reaper for the life of the process. With no stream held it sleeps
+    /// until one is (emptiness is judged under the lock [`HeldStreams::open`] inserts
+    /// under, so that wake-up cannot be missed).
     pub fn run_reaper(&self) {
         loop {
             let wait = self.reap(Instant::now());
             let mut guard = self.streams.lock();
+            let wait = if guard.is_empty() { IDLE_WAIT } else { wait };
             self.wake.wait_for(&mut guard, wait);
         }
     }
