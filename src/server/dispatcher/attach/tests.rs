@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::*;
-use crate::protocol::{RegisterMessage, RequestMessage, ResponseComplete};
-use crate::server::dispatcher::tests::dispatched;
-use crate::server::dispatcher::{wire_request_id, Config, Event, Needs, Who};
+use crate::protocol::ResponseComplete;
+use crate::server::dispatcher::tests::{cancels, chat_submit, dispatched, register};
+use crate::server::dispatcher::{wire_request_id, Config, Event};
 
 struct Harness {
     d: Dispatcher,
@@ -25,24 +25,8 @@ impl Harness {
 
     /// A worker serving `m`; `holds`: it lists `held_streams`.
     fn join(&mut self, id: WorkerId, holds: bool) {
-        let features = if holds {
-            vec![FEATURE_HELD_STREAMS.into()]
-        } else {
-            vec![]
-        };
-        let register = RegisterMessage {
-            worker_name: format!("box-{id}"),
-            models: vec!["m".into()],
-            max_concurrent: 1,
-            protocol_version: Some("1".into()),
-            current_load: Some(0),
-            features,
-            loaded_models: None,
-            backend_kind: None,
-            model_info: None,
-            wake: None,
-            routes: None,
-        };
+        let features: &[&str] = if holds { &[FEATURE_HELD_STREAMS] } else { &[] };
+        let register = register(id, &["m"], 1, features);
         let remote = "127.0.0.1:1".into();
         self.ev(Event::WorkerJoined {
             id,
@@ -110,13 +94,7 @@ fn to_client(actions: &[Action]) -> Vec<(RequestId, ClientEvent)> {
 }
 
 fn cancelled(actions: &[Action]) -> Vec<WorkerId> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::ToWorker(w, ServerMessage::Cancel { .. }) => Some(*w),
-            _ => None,
-        })
-        .collect()
+    cancels(actions).into_iter().map(|(w, _, _)| w).collect()
 }
 
 #[test]
@@ -193,28 +171,16 @@ fn a_leaving_client_detaches_at_the_holder_and_a_leaving_holder_fails_the_resume
 fn the_held_field_reaches_only_workers_that_listed_the_feature() {
     let mut h = Harness::new();
     h.join(1, false);
-    let msg = Arc::new(RequestMessage {
-        request_id: wire_request_id(1),
-        model: "m".into(),
-        endpoint_path: "/v1/chat/completions".into(),
-        is_streaming: true,
-        body: Arc::from("{}"),
-        headers: Default::default(),
-        body_encoding: None,
-        continuation: None,
-        held: Some(crate::protocol::held::Hold {
-            grace_secs: 30,
-            proof: "p".into(),
-        }),
-    });
-    let submit = |id: RequestId, msg: &Arc<RequestMessage>| Event::Submit {
-        id,
-        msg: msg.clone(),
-        who: Who::default(),
-        needs: Needs::default(),
-        prints: Default::default(),
-        progress: false,
-        continuable: false,
+    // A streamed chat as a relay marks it when the client asked for a resumable one.
+    let submit = |id: RequestId| {
+        let mut event = chat_submit(id, "m", Default::default());
+        if let Event::Submit { msg, .. } = &mut event {
+            Arc::make_mut(msg).held = Some(crate::protocol::held::Hold {
+                grace_secs: 30,
+                proof: "p".into(),
+            });
+        }
+        event
     };
     let sent = |actions: &[Action]| {
         actions.iter().find_map(|a| match a {
@@ -222,13 +188,11 @@ fn the_held_field_reaches_only_workers_that_listed_the_feature() {
             _ => None,
         })
     };
-    let out = h.ev(submit(1, &msg));
+    let out = h.ev(submit(1));
     assert_eq!(dispatched(&out), vec![(1, 1)]);
     assert_eq!(sent(&out), Some(false));
     h.join(2, true);
-    let mut second = (*msg).clone();
-    second.request_id = wire_request_id(2);
-    let out = h.ev(submit(2, &Arc::new(second)));
+    let out = h.ev(submit(2));
     assert_eq!(dispatched(&out), vec![(2, 2)]);
     assert_eq!(sent(&out), Some(true));
 }
