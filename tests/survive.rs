@@ -4,7 +4,8 @@
 //! SIGKILL, and the client resumes through relay B with `Last-Event-ID`: the worker kept
 //! the stream, and every event arrives exactly once, in order, to the normal end.
 //!
-//! Also: a stream nobody resumes is cancelled at the backend after the grace period; a
+//! The same through HAProxy in front of both relays: the resume reaches the relay that
+//! lives. Also: a stream nobody resumes is cancelled at the backend after the grace period; a
 //! wrong token through relay B is refused; a worker serving one relay (which does not
 //! list `held_streams`, like an original worker) cancels at once as before.
 //!
@@ -18,6 +19,8 @@ mod backend;
 #[path = "resume/client.rs"]
 mod client;
 mod common;
+#[path = "../examples/support/haproxy.rs"]
+mod haproxy;
 
 use std::time::{Duration, Instant};
 
@@ -67,9 +70,14 @@ fn read_some(pair: &Pair, backend: &backend::Backend, n: usize) -> (Client, Stri
 
 /// Kills relay A (SIGKILL) and waits until the worker holds the stream.
 fn kill_a(pair: &mut Pair) {
-    let _ = pair.a.proc.child.kill();
-    let _ = pair.a.proc.child.wait();
-    pair.worker.wait_line(HELD);
+    kill(&mut pair.a, &pair.worker);
+}
+
+/// Kills `relay` (SIGKILL) and waits until `worker` holds the stream.
+fn kill(relay: &mut ServerProc, worker: &Proc) {
+    let _ = relay.proc.child.kill();
+    let _ = relay.proc.child.wait();
+    worker.wait_line(HELD);
 }
 
 #[test]
@@ -209,4 +217,72 @@ fn with_its_relay_alive_a_stream_moves_to_the_relay_the_client_resumed_through()
     }
     assert_eq!(id as usize, EVENTS + 1);
     assert!(backend.cancels.try_recv().is_err(), "never cancelled");
+}
+
+#[test]
+fn through_haproxy_a_stream_survives_the_relay_it_went_through() {
+    let Some(bin) = haproxy::binary() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "haproxy is required under CI (.ci/run installs it)"
+        );
+        eprintln!("skipped: haproxy not installed");
+        return;
+    };
+    let backend = backend::start(EVENTS);
+    let mut pair = pair(&backend, &[]);
+    let dir = std::env::temp_dir().join(format!("modelrelay-survive-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let layout = haproxy::Layout {
+        front: std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port"),
+        relays: vec![pair.a.addr, pair.b.addr],
+        stats: dir.join("haproxy.sock"),
+    };
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(&cfg, layout.config()).expect("write haproxy.cfg");
+    let cfg = cfg.to_string_lossy().into_owned();
+    let _haproxy = Proc::spawn_args(&bin.to_string_lossy(), &["-db", "-f", &cfg], &[]);
+    wait_until("HAProxy sees both relays up", || {
+        haproxy::all_up(&layout.stats, 2)
+    });
+    backend.gate.allow(4);
+    let mut client = Client::chat(layout.front, &[]);
+    assert_eq!(client.status, 200);
+    let url = client.header("x-resume-url").expect("url").to_string();
+    let went = client.header("x-relay").expect("x-relay").to_string();
+    for id in 1..=4 {
+        assert_eq!(client.next_event().expect("an event").id, id);
+    }
+    let victim = if went == "r1" {
+        &mut pair.a
+    } else {
+        &mut pair.b
+    };
+    kill(victim, &pair.worker);
+    wait_until("HAProxy sees the dead relay down", || {
+        let s = haproxy::states(&layout.stats);
+        (
+            s.iter().any(|(n, st)| *n == went && st != "UP"),
+            format!("{s:?}"),
+        )
+    });
+    drop(client);
+    let mut resumed = Client::resume(layout.front, &url, 4, &[]);
+    assert_eq!(resumed.status, 200);
+    assert_ne!(resumed.header("x-relay"), Some(went.as_str()));
+    backend.gate.allow(EVENTS + 1);
+    let mut id = 4;
+    loop {
+        let got = resumed.next_event().expect("the body goes on to [DONE]");
+        assert_eq!(got.id, id + 1);
+        id = got.id;
+        if got.data == "[DONE]" {
+            break;
+        }
+        assert_eq!(word(&got.data), Some(format!("w{id} ")));
+    }
+    assert_eq!(id as usize, EVENTS + 1);
+    let _ = std::fs::remove_dir_all(&dir);
 }
