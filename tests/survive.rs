@@ -286,3 +286,34 @@ fn through_haproxy_a_stream_survives_the_relay_it_went_through() {
     assert_eq!(id as usize, EVENTS + 1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_client_that_drops_again_resumes_again_through_the_other_relay() {
+    let backend = backend::start(EVENTS);
+    let mut pair = pair(&backend, &[]);
+    let (_client, url, last) = read_some(&pair, &backend, 3);
+    kill_a(&mut pair);
+    backend.gate.allow(6);
+    let mut resumed = Client::resume(pair.b.addr, &url, last, &[]);
+    assert_eq!(resumed.status, 200);
+    for id in 4..=5 {
+        assert_eq!(resumed.next_event().expect("an event").id, id);
+    }
+    resumed.drop_connection();
+    // Relay B tells the worker; the stream waits for the next resume.
+    pair.worker.wait_line("held stream detached from relay 1");
+    let mut again = Client::resume(pair.b.addr, &url, 5, &[]);
+    assert_eq!(again.status, 200);
+    backend.gate.allow(EVENTS + 1);
+    let mut id = 5;
+    loop {
+        let got = again.next_event().expect("the body goes on to [DONE]");
+        assert_eq!(got.id, id + 1, "none lost or repeated");
+        id = got.id;
+        if got.data == "[DONE]" {
+            break;
+        }
+        assert_eq!(word(&got.data), Some(format!("w{id} ")));
+    }
+    assert!(backend.cancels.try_recv().is_err(), "never cancelled");
+}

@@ -47,6 +47,9 @@ pub struct HeldStreams {
     /// Most bytes all streams keep (`HELD_TOTAL_BYTES`).
     total_cap: usize,
     streams: Mutex<HashMap<String, Arc<Stream>>>,
+    /// The streams resumed through a relay, by the id that relay gave the resume (so a
+    /// `cancel` finds its stream without a scan).
+    resumes: Mutex<HashMap<(usize, String), Arc<Stream>>>,
     /// Bytes charged by all streams.
     bytes: Arc<AtomicUsize>,
     /// Wakes the reaper when a stream loses its reader.
@@ -65,6 +68,7 @@ impl HeldStreams {
             stream_cap,
             total_cap,
             streams: Mutex::default(),
+            resumes: Mutex::default(),
             bytes: Arc::default(),
             wake: Condvar::new(),
         }
@@ -122,10 +126,10 @@ impl HeldStreams {
     /// A `cancel` from relay `relay`: true when it concerned a held stream and is taken
     /// care of here (a resume's reader left; or the stream moved to another relay).
     pub fn cancel(&self, relay: usize, id: &str) -> bool {
-        let streams: Vec<Arc<Stream>> = self.streams.lock().values().cloned().collect();
-        let taken = streams
-            .iter()
-            .any(|s| s.cancel_from(relay, id, Instant::now()));
+        let key = (relay, id.to_string());
+        let resumed = self.resumes.lock().remove(&key);
+        let stream = resumed.or_else(|| self.streams.lock().get(id).cloned());
+        let taken = stream.is_some_and(|s| s.cancel_from(relay, id, Instant::now()));
         self.wake.notify_all();
         taken
     }
@@ -134,9 +138,15 @@ impl HeldStreams {
     /// answered `stream_not_held`.
     pub fn attach(&self, link: &Link, msg: &Attach) {
         let stream = self.streams.lock().get(&msg.stream_id).cloned();
-        match stream {
-            Some(s) => s.attach(link, msg, Instant::now()),
-            None => stream::refuse(&link.out, &msg.request_id, stream::Refusal::NotHeld),
+        let Some(s) = stream else {
+            return stream::refuse(&link.out, &msg.request_id, stream::Refusal::NotHeld);
+        };
+        s.attach(link, msg, Instant::now());
+        if s.read_by(link.relay, &msg.request_id) {
+            let mut resumes = self.resumes.lock();
+            // Resumes of streams that are over, or taken over since, go first.
+            resumes.retain(|(relay, id), s| s.read_by(*relay, id));
+            resumes.insert((link.relay, msg.request_id.clone()), s);
         }
     }
 

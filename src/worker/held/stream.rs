@@ -337,6 +337,14 @@ impl Stream {
         false
     }
 
+    /// Whether relay `relay`'s resume `id` reads this stream now.
+    pub(super) fn read_by(&self, relay: usize, id: &str) -> bool {
+        let st = self.state.lock();
+        st.reader
+            .as_ref()
+            .is_some_and(|r| r.relay == relay && r.request_id == id)
+    }
+
     /// Answers an `attach` from `link`'s relay.
     pub(super) fn attach(&self, link: &Link, msg: &Attach, now: Instant) {
         let proof_ok: bool = msg.proof.as_bytes().ct_eq(self.proof.as_bytes()).into();
