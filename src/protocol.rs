@@ -48,6 +48,9 @@
 //!   [`affinity::FEATURE_AFFINITY_REPORTS`]).
 //! * `continuation` on `request`: go on with an answer another worker began; see
 //!   [`continuation`] (feature [`continuation::FEATURE_CONTINUATION`]).
+//! * `held` on `request`, `attach` (server → worker): a resumable stream kept on the
+//!   worker, resumed through another relay; see [`held`] (feature
+//!   [`held::FEATURE_HELD_STREAMS`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -57,6 +60,7 @@ use serde::{Deserialize, Serialize};
 pub mod affinity;
 pub mod binary;
 pub mod continuation;
+pub mod held;
 pub mod lifecycle;
 mod parse;
 pub mod power;
@@ -238,6 +242,10 @@ pub struct RequestMessage {
     /// to workers that listed [`continuation::FEATURE_CONTINUATION`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub continuation: Option<continuation::Continuation>,
+    /// Extension: keep this resumable stream's events on the worker (sent only to
+    /// workers that listed [`held::FEATURE_HELD_STREAMS`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<held::Hold>,
 }
 
 /// Why the server cancels a request (`cancel.reason`).
@@ -306,6 +314,8 @@ pub enum ServerMessage {
     },
     /// Extension: the prefixes of the request that follows (see [`affinity`]).
     Prefixes(affinity::PrefixNote),
+    /// Extension: a client resumes a stream a worker holds (see [`held`]).
+    Attach(held::Attach),
     /// A type this side does not know; never serialized.
     #[serde(skip)]
     Unknown(String),

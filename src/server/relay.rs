@@ -152,6 +152,7 @@ pub fn run_with(
         headers,
         body_encoding: binary.then(|| crate::protocol::binary::BASE64.to_string()),
         continuation: None,
+        held: None,
     });
     if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
         return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
@@ -206,6 +207,12 @@ pub fn run_with(
                 .open(&wire, resume::Owner::of(&caller), content_type)
         })
         .flatten();
+    // The worker keeps a copy too when it can number the events alike: the relay's
+    // own SSE as the worker sends it (no reshaped NDJSON, no continuation splice).
+    let mut msg = msg;
+    if let (Some(tap), true, None) = (&resume, job.reshape.is_none(), &tracker) {
+        Arc::make_mut(&mut msg).held = Some(tap.worker_hold());
+    }
     let mut session = Session {
         conn,
         ctx,
@@ -353,7 +360,7 @@ impl Session<'_, '_> {
                         .map(|c| if c.is_control() { '?' } else { c })
                         .collect();
                     let note = format!(": waking {name}\n\n");
-                    self.emit(&mut buf, &note, framing, false);
+                    self.emit_note(&mut buf, &note, framing);
                 }
                 ClientEvent::Interrupted => self.interrupted(&mut buf),
                 ClientEvent::Chunk(chunk) => {

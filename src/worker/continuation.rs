@@ -290,6 +290,7 @@ mod tests {
             headers: Default::default(),
             body_encoding: None,
             continuation: Some(text("x")),
+            held: None,
         });
         assert!(prepare(&req, Some(Kind::OpenAi)).is_err());
         assert!(prepare(&req, None).is_err());

@@ -18,6 +18,7 @@ fn original() -> Arc<RequestMessage> {
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     })
 }
 

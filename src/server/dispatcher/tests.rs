@@ -54,19 +54,7 @@ impl Harness {
     }
 
     fn join(&mut self, id: WorkerId, models: &[&str], max: u32) -> Vec<Action> {
-        let register = RegisterMessage {
-            worker_name: format!("box-{id}"),
-            models: models.iter().map(|m| m.to_string()).collect(),
-            max_concurrent: max,
-            protocol_version: Some("1".into()),
-            current_load: Some(0),
-            features: vec![],
-            loaded_models: None,
-            backend_kind: None,
-            model_info: None,
-            wake: None,
-            routes: None,
-        };
+        let register = register(id, models, max, &[]);
         self.ev(Event::WorkerJoined {
             id,
             register,
@@ -84,6 +72,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.ev(Event::Submit {
             id,
@@ -107,6 +96,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.ev(Event::Submit {
             id,
@@ -136,6 +126,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         let who = Who {
             tenant: Arc::from(tenant),
@@ -172,6 +163,28 @@ impl Harness {
     }
 }
 
+/// The `register` of worker `id` (named `box-{id}`) serving `models` with `max` slots.
+pub(super) fn register(
+    id: WorkerId,
+    models: &[&str],
+    max: u32,
+    features: &[&str],
+) -> RegisterMessage {
+    RegisterMessage {
+        worker_name: format!("box-{id}"),
+        models: models.iter().map(|m| m.to_string()).collect(),
+        max_concurrent: max,
+        protocol_version: Some("1".into()),
+        current_load: Some(0),
+        features: features.iter().map(|f| f.to_string()).collect(),
+        loaded_models: None,
+        backend_kind: None,
+        model_info: None,
+        wake: None,
+        routes: None,
+    }
+}
+
 fn ok(id: RequestId) -> ResponseComplete {
     ResponseComplete {
         request_id: wire_request_id(id),
@@ -192,6 +205,7 @@ pub(super) fn chat_submit(id: RequestId, model: &str, prints: Fingerprints) -> E
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     });
     Event::Submit {
         id,
@@ -227,7 +241,7 @@ pub(super) fn failures(actions: &[Action]) -> Vec<(RequestId, Failure)> {
         .collect()
 }
 
-fn cancels(actions: &[Action]) -> Vec<(WorkerId, RequestId, CancelReason)> {
+pub(super) fn cancels(actions: &[Action]) -> Vec<(WorkerId, RequestId, CancelReason)> {
     actions
         .iter()
         .filter_map(|a| match a {

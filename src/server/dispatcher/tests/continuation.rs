@@ -47,6 +47,7 @@ fn on_route(id: RequestId, route: &str) -> Arc<RequestMessage> {
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     })
 }
 
