@@ -15,6 +15,7 @@ fn original() -> Arc<RequestMessage> {
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     })
 }
 
