@@ -50,7 +50,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare interop bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-orig interop bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store
 
 build:
 	$(CARGO) build
@@ -147,6 +147,12 @@ bench:
 bench-compare:
 	$(CARGO) build --release --bins --example bench
 	contrib/bench-compare.sh $(BASE) $(or $(NEW),target/release) $(or $(RUNS),5)
+
+# The same, with BASE the original ModelRelay's binaries built from its source:
+# `make bench-orig ORIG=dir` (its rows beside this checkout's, median of RUNS each).
+bench-orig:
+	$(CARGO) build --release --bins --example bench
+	BASE_ORIG=1 contrib/bench-compare.sh $(ORIG) $(or $(NEW),target/release) $(or $(RUNS),5)
 
 # Interop with the original ModelRelay: `make interop ORIG=dir`, dir holding its
 # modelrelay-server and modelrelay-worker built from its source (both directions, a

@@ -12,7 +12,8 @@
 # requests/s, and next to the floor's own drift between the two sides (the
 # forwarders are the same code on both: what they differ by is the machine's noise).
 # The raw outputs stay in $BENCH_OUT (default: a new directory under /tmp); RUNS=0 with
-# BENCH_OUT set summarises the outputs already there.
+# BENCH_OUT set summarises the outputs already there. BASE_ORIG=1: BASE_DIR holds the
+# original ModelRelay's binaries (the bench runs them with BENCH_ORIG; `make bench-orig`).
 set -eu
 
 if [ $# -lt 2 ]; then
@@ -37,7 +38,11 @@ while [ "$i" -le "$runs" ]; do
     for side in base new; do
         if [ "$side" = base ]; then dir=$base; else dir=$new; fi
         echo "run $i/$runs: $side ($dir)" >&2
-        BENCH_BIN_DIR=$dir "$bench" >"$out/$side-$i.txt" 2>"$out/$side-$i.err"
+        if [ "$side" = base ] && [ "${BASE_ORIG:-}" = 1 ]; then
+            BENCH_ORIG=$dir "$bench" >"$out/$side-$i.txt" 2>"$out/$side-$i.err"
+        else
+            BENCH_BIN_DIR=$dir "$bench" >"$out/$side-$i.txt" 2>"$out/$side-$i.err"
+        fi
     done
     i=$((i + 1))
 done

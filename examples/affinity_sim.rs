@@ -208,6 +208,7 @@ impl Sim {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         let event = Event::Submit {
             id,

@@ -28,7 +28,13 @@
 //! that address (for profiling and A/B runs of two builds); `BENCH_PROFILE=clients` runs
 //! only the relay core under that load, printing its server's pid first. `BENCH_BIN_DIR=dir` runs the
 //! `modelrelay-server` and `modelrelay-worker` found there instead of the ones built beside
-//! the bench (`make bench-compare` runs two builds that way, alternating).
+//! the bench (`make bench-compare` runs two builds that way, alternating). `BENCH_ORIG=dir`
+//! runs the original ModelRelay's binaries from there: its fake workers then register with
+//! the original's protocol version, a relay counts as ready once its `/health` shows the
+//! workers and a request through it succeeds (both relays answer both), and the rows the
+//! original cannot produce (Ollama streaming; the worker's cancel path, timed against a
+//! server speaking our protocol version) are left out (`make bench-orig ORIG=dir` runs
+//! it alternating with this checkout's build).
 
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
@@ -53,9 +59,12 @@ use crossbeam_channel::Receiver;
 use fake_backend::{FakeBackend, Observed};
 use forwarder::Chain;
 use http_load::{sequential, streams, throughput, Client, Samples, OPENAI_PATH};
-use modelrelay::protocol::{to_json, ResponseComplete, ServerMessage, WorkerMessage};
+use modelrelay::protocol::{
+    to_json, ResponseComplete, ServerMessage, WorkerMessage, BRIDGE_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+};
 use modelrelay::ws::{self, ReadHalf, Writer};
-use process::{free_addr, Process};
+use process::{free_addr, original, Process};
 use procstat::{cpu_over, rss_kb};
 use rows::{cpu_rows, row_ms, row_ms_in, row_ratio, row_rps, OLLAMA_COLUMN};
 use tungstenite::client::IntoClientRequest;
@@ -108,7 +117,7 @@ fn main() {
     for _ in 0..4 {
         spawn_fake_worker(server.addr, MODEL, 64, backend.clone());
     }
-    wait_for(|| health(server.addr).contains("\"workers_connected\":4"));
+    wait_ready(server.addr, 4);
     let stalled = stalled_subscribers(server.addr);
     compare(
         backend_addr,
@@ -121,7 +130,7 @@ fn main() {
     for _ in 0..100 {
         spawn_fake_worker(server.addr, "idle-model", 1, backend.clone());
     }
-    wait_for(|| health(server.addr).contains("\"workers_connected\":104"));
+    wait_ready(server.addr, 104);
     std::thread::sleep(Duration::from_secs(1));
     let (cpu, idle) = cpu_over(server.pid(), Duration::from_secs(5));
     println!(
@@ -143,7 +152,7 @@ fn main() {
     println!("== end to end: server binary + modelrelay-worker binary (MAX_CONCURRENCY=64) + fake backend");
     let server = ServerProcess::start();
     let worker = WorkerProcess::start(server.addr, backend_addr, "64");
-    wait_for(|| health(server.addr).contains("\"workers_connected\":1"));
+    wait_ready(server.addr, 1);
     std::thread::sleep(Duration::from_millis(300));
     println!(
         "{:<44} {:>12} {:>10} KB",
@@ -182,6 +191,9 @@ fn main() {
     drop(worker);
     drop(server);
 
+    if original() {
+        return;
+    }
     let cancel = cancel_latency(backend_addr, &observed, 20);
     println!(
         "{:<44} {:>12} {:>12.3}",
@@ -205,7 +217,7 @@ fn profile_core(clients: usize, window: Duration) {
     for _ in 0..4 {
         spawn_fake_worker(server.addr, MODEL, 64, backend.clone());
     }
-    wait_for(|| health(server.addr).contains("\"workers_connected\":4"));
+    wait_ready(server.addr, 4);
     println!("server pid {} at {}", server.pid(), server.addr);
     let load = throughput(server.addr, clients, window, &chat(false), &[server.pid()]);
     println!("requests/s, {clients} clients: {:.0}", load.rps);
@@ -227,8 +239,10 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration, watch: &[(&s
     let openai = chat(true);
     let d = streams(direct, OPENAI_PATH, &openai, b"[DONE]", 300);
     let r = streams(relay, OPENAI_PATH, &openai, b"[DONE]", 300);
-    // Measured now, next to the OpenAI streams it is compared with; printed below.
-    let o = streams(relay, OLLAMA_PATH, &ollama_chat(), br#""done":true"#, 300);
+    // Measured now, next to the OpenAI streams it is compared with; printed below (the
+    // original has no Ollama API).
+    let o =
+        (!original()).then(|| streams(relay, OLLAMA_PATH, &ollama_chat(), br#""done":true"#, 300));
     row_ms(
         "stream time to first chunk p50 (ms)",
         d.ttfc.p(50),
@@ -259,6 +273,7 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration, watch: &[(&s
     }
     // Ollama streaming next to OpenAI streaming, both through the relay; a wider name
     // column, so these rows have their own header.
+    let Some(o) = o else { return };
     println!(
         "{:<W$} {:>12} {:>12} {:>12}",
         "same relay: ollama vs openai streaming",
@@ -337,8 +352,14 @@ fn spawn_fake_worker(relay: SocketAddr, model: &str, max: u32, backend: FakeBack
         let mut writer = Writer::new(stream.try_clone().expect("clone"), Role::Client, 64 << 20);
         let mut reader = ReadHalf::new(stream);
         let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(64 << 20)));
+        // The original refuses any version but its own; ours takes both.
+        let version = if original() {
+            BRIDGE_PROTOCOL_VERSION
+        } else {
+            PROTOCOL_VERSION
+        };
         let register = format!(
-            r#"{{"type":"register","worker_name":"fake","models":["{model}"],"max_concurrent":{max},"protocol_version":"1"}}"#
+            r#"{{"type":"register","worker_name":"fake","models":["{model}"],"max_concurrent":{max},"protocol_version":"{version}"}}"#
         );
         writer
             .text(register)
@@ -577,6 +598,19 @@ fn cancel_latency(backend: SocketAddr, closed: &Receiver<Duration>, rounds: usiz
     }
     drop(worker);
     Samples(out)
+}
+
+/// Waits until the relay's `/health` counts `workers` connected (a field both relays
+/// report) and a chat request through it is answered.
+fn wait_ready(addr: SocketAddr, workers: usize) {
+    let want = format!("\"workers_connected\":{workers}");
+    wait_for(|| health(addr).contains(&want));
+    let body = chat(false);
+    wait_for(|| {
+        let mut c = Client::connect(addr);
+        c.send(&body);
+        c.read(|_, _| {}) == 200
+    });
 }
 
 fn health(addr: SocketAddr) -> String {

@@ -74,6 +74,7 @@ fn run(queued: usize, tenants: usize) -> (Duration, Duration) {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         let who = Who {
             tenant: tenant_names[id as usize % tenants].clone(),

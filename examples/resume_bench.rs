@@ -1,6 +1,7 @@
 //! What a held (resumable) stream costs: heap per held stream and per event, measured
-//! with a counting allocator, and the time to number and keep one event. `make
-//! bench-resume`. Streams that did not opt in do none of this work.
+//! with a counting allocator, and the time to number and keep one event; on the relay,
+//! and on a worker serving several relays (its copy, for a resume through another
+//! relay). `make bench-resume`. Streams that did not opt in do none of this work.
 //!
 //! The answer is a typical chat stream: `EVENTS` OpenAI chunks of one word each (about
 //! 150 bytes an event) and `data: [DONE]`.
@@ -9,7 +10,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use modelrelay::protocol::held::Hold;
+use modelrelay::protocol::{ResponseComplete, WorkerMessage};
 use modelrelay::server::resume::{Config, Owner, Registry, Tap};
+use modelrelay::worker::held::HeldStreams;
+use modelrelay::worker::inflight::Handle;
 
 struct Counting;
 
@@ -30,6 +37,8 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOC: Counting = Counting;
 
 const STREAMS: usize = 1000;
+/// Streams held on the worker at once (their answers fit its 64 MiB total cap).
+const WORKER_STREAMS: usize = 200;
 const EVENTS: usize = 500;
 
 fn event(n: usize) -> String {
@@ -106,4 +115,53 @@ fn main() {
     );
     println!("  charged against the caps per stream:      {charged:>9.0} bytes");
     println!("  number and keep one event:                {per_event:>9.0} ns");
+    worker_copy(&events, answer_bytes);
+}
+
+/// The worker's copy: streams whose relay died after the first event, the whole
+/// answer kept until a resume or the grace period's end.
+fn worker_copy(events: &[String], answer_bytes: usize) {
+    let held = HeldStreams::default();
+    let hold = Hold {
+        grace_secs: 30,
+        proof: "0".repeat(64),
+    };
+    let chunk = |text: &str| WorkerMessage::ResponseChunk {
+        request_id: "r-0000000000000001".into(),
+        chunk: text.to_string(),
+    };
+    let before = LIVE.load(Ordering::Relaxed);
+    let streams: Vec<_> = (0..WORKER_STREAMS)
+        .map(|i| {
+            let handle = Arc::new(Handle::default());
+            let s = held.open(0, &format!("r-{i:016x}"), &hold, &handle);
+            s.expect("room")
+        })
+        .collect();
+    let empty = (LIVE.load(Ordering::Relaxed) - before) as f64 / WORKER_STREAMS as f64;
+    for s in &streams {
+        s.pass(chunk(&events[0]), |_| true);
+    }
+    held.relay_lost(0);
+    for s in &streams {
+        for e in &events[1..] {
+            s.pass(chunk(e), |_| true);
+        }
+        s.pass(chunk("data: [DONE]\n\n"), |_| true);
+        let done = ResponseComplete {
+            request_id: "r-0000000000000001".into(),
+            status_code: 200,
+            ..Default::default()
+        };
+        s.pass(WorkerMessage::ResponseComplete(done), |_| true);
+    }
+    let full = (LIVE.load(Ordering::Relaxed) - before) as f64 / WORKER_STREAMS as f64;
+    let charged = held.bytes() as f64 / WORKER_STREAMS as f64;
+    println!("held on the worker ({WORKER_STREAMS} streams, the same answers):");
+    println!("  heap per held stream, nothing kept yet:   {empty:>9.0} bytes");
+    println!(
+        "  heap per held stream, whole answer kept:  {full:>9.0} bytes ({:.2}x the answer)",
+        full / answer_bytes as f64
+    );
+    println!("  charged against the caps per stream:      {charged:>9.0} bytes");
 }

@@ -48,6 +48,9 @@
 //!   [`affinity::FEATURE_AFFINITY_REPORTS`]).
 //! * `continuation` on `request`: go on with an answer another worker began; see
 //!   [`continuation`] (feature [`continuation::FEATURE_CONTINUATION`]).
+//! * `held` on `request`, `attach` (server → worker): a resumable stream kept on the
+//!   worker, resumed through another relay; see [`held`] (feature
+//!   [`held::FEATURE_HELD_STREAMS`]).
 //! * `body_piece` (server → worker) and `body_credit` (worker → server): a large
 //!   request body in pieces with flow control; see [`pieces`] (feature
 //!   [`pieces::FEATURE_BODY_PIECES`]). `answer_credit` (server → worker): how far a
@@ -62,6 +65,7 @@ use serde::{Deserialize, Serialize};
 pub mod affinity;
 pub mod binary;
 pub mod continuation;
+pub mod held;
 pub mod lifecycle;
 mod parse;
 pub mod pieces;
@@ -244,6 +248,10 @@ pub struct RequestMessage {
     /// to workers that listed [`continuation::FEATURE_CONTINUATION`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub continuation: Option<continuation::Continuation>,
+    /// Extension: keep this resumable stream's events on the worker (sent only to
+    /// workers that listed [`held::FEATURE_HELD_STREAMS`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<held::Hold>,
 }
 
 /// Why the server cancels a request (`cancel.reason`).
@@ -312,6 +320,8 @@ pub enum ServerMessage {
     },
     /// Extension: the prefixes of the request that follows (see [`affinity`]).
     Prefixes(affinity::PrefixNote),
+    /// Extension: a client resumes a stream a worker holds (see [`held`]).
+    Attach(held::Attach),
     /// Extension: the worker may send the chunks of the request's binary answer numbered
     /// below `until` (see [`pieces::FEATURE_ANSWER_CREDIT`]).
     AnswerCredit {

@@ -58,15 +58,7 @@ fn serve(conn: TcpStream, script: &Script) {
     let mut reader = BufReader::new(conn);
     while let Some((method, path, _)) = read_request(&mut reader) {
         if method == "GET" {
-            let (status, body) = match path.as_str() {
-                "/v1/models" => (200, r#"{"object":"list","data":[{"id":"m"}]}"#),
-                _ => (404, r#"{"error":"not found"}"#),
-            };
-            let head = format!(
-                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                body.len()
-            );
-            if out.write_all(format!("{head}{body}").as_bytes()).is_err() {
+            if answer_get(&mut out, &path).is_err() {
                 return;
             }
             continue;

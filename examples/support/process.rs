@@ -65,9 +65,11 @@ impl Drop for Process {
 }
 
 /// `target/<profile>/examples/<bench>` → `target/<profile>/<name>`, or `$BENCH_BIN_DIR/<name>`
-/// when set (another build's binaries, for side-by-side runs).
+/// when set (another build's binaries, for side-by-side runs), or `$BENCH_ORIG/<name>`
+/// (the original ModelRelay's binaries, see [`original`]).
 pub fn binary(name: &str) -> std::path::PathBuf {
-    if let Some(dir) = std::env::var_os("BENCH_BIN_DIR") {
+    if let Some(dir) = std::env::var_os("BENCH_ORIG").or_else(|| std::env::var_os("BENCH_BIN_DIR"))
+    {
         return std::path::PathBuf::from(dir).join(name);
     }
     let exe = std::env::current_exe().expect("exe");
@@ -75,6 +77,12 @@ pub fn binary(name: &str) -> std::path::PathBuf {
         .and_then(|p| p.parent())
         .map(|p| p.join(name))
         .expect("target dir")
+}
+
+/// Whether the binaries under test are the original ModelRelay's (`BENCH_ORIG=dir`): a
+/// bench then speaks only what both relays understand and skips what the original lacks.
+pub fn original() -> bool {
+    std::env::var_os("BENCH_ORIG").is_some()
 }
 
 /// A loopback address with a port nobody listens on right now.

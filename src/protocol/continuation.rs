@@ -24,6 +24,18 @@ use serde::Serialize;
 /// Worker feature: `request.continuation` is understood.
 pub const FEATURE_CONTINUATION: &str = "continuation";
 
+/// Whether a backend of `kind` (as `register.backend_kind` spells it) goes on from the
+/// text delivered on `route`. Chat: llama-server and Ollama take a trailing assistant
+/// message as a prefill, vLLM with `continue_final_message`. `/v1/messages`: llama-server
+/// and Ollama the same way; vLLM's Anthropic endpoint has no way to continue the final
+/// message (it would start a new turn). An `openai` backend may be anything.
+pub fn continues_on(kind: &str, route: &str) -> bool {
+    match route {
+        "/v1/messages" => matches!(kind, "llama-server" | "ollama"),
+        _ => matches!(kind, "llama-server" | "vllm" | "ollama"),
+    }
+}
+
 /// `request.continuation`: the request continues an answer that began elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Continuation {

@@ -77,9 +77,20 @@ struct Raw {
     granted: Option<bool>,
     busy: Option<bool>,
     prefixes: Option<affinity::Bounded>,
+    held: Option<RawHold>,
+    stream_id: Option<String>,
+    after: Option<u64>,
+    proof: Option<String>,
     seq: Option<u64>,
     last: Option<bool>,
     until: Option<u64>,
+}
+
+/// `request.held`, read leniently (no proof: nobody may attach).
+#[derive(Deserialize, Default)]
+struct RawHold {
+    grace_secs: Option<u64>,
+    proof: Option<String>,
 }
 
 fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
@@ -237,6 +248,10 @@ impl ServerMessage {
                     prefix: c.prefix.unwrap_or_default(),
                     tokens: c.tokens.unwrap_or(0),
                 }),
+                held: r.held.map(|h| super::held::Hold {
+                    grace_secs: h.grace_secs.unwrap_or(0),
+                    proof: h.proof.unwrap_or_default(),
+                }),
             })),
             "cancel" => ServerMessage::Cancel {
                 request_id: need(r.request_id, k, "request_id")?,
@@ -271,6 +286,12 @@ impl ServerMessage {
                 reason: reason_text(r.reason),
             },
             "prefixes" => ServerMessage::Prefixes(prefix_note(r, k)?),
+            "attach" => ServerMessage::Attach(super::held::Attach {
+                request_id: need(r.request_id, k, "request_id")?,
+                stream_id: need(r.stream_id, k, "stream_id")?,
+                after: r.after.unwrap_or(0),
+                proof: need(r.proof, k, "proof")?,
+            }),
             "answer_credit" => ServerMessage::AnswerCredit {
                 request_id: need(r.request_id, k, "request_id")?,
                 until: need(r.until, k, "until")?,

@@ -77,6 +77,11 @@ impl RequestMessage {
                 .continuation
                 .as_ref()
                 .map_or(0, |c| json_string_len(&c.prefix))
+            // `"held":{"grace_secs":…,"proof":…}`
+            + self
+                .held
+                .as_ref()
+                .map_or(0, |h| 64 + json_string_len(&h.proof))
     }
 }
 
@@ -118,6 +123,10 @@ mod tests {
             continuation: Some(crate::protocol::continuation::Continuation {
                 prefix: nasty(),
                 tokens: 7,
+            }),
+            held: Some(crate::protocol::held::Hold {
+                grace_secs: u64::MAX,
+                proof: "\u{1}".repeat(64),
             }),
         };
         let real = serde_json::to_string(&ServerMessage::Request(Arc::new(msg.clone())))

@@ -50,6 +50,7 @@ fn server_messages_serialize_in_the_documented_shape() {
         headers: HeaderMap::new(),
         body_encoding: None,
         continuation: None,
+        held: None,
     }));
     assert_eq!(
         to_json(&req),
@@ -217,6 +218,7 @@ fn a_continuation_travels_on_request_and_an_old_request_has_none() {
             prefix: "Once upon".into(),
             tokens: 2,
         }),
+        held: None,
     };
     let text = to_json(&ServerMessage::Request(Arc::new(msg.clone())));
     assert!(text.ends_with(r#""continuation":{"prefix":"Once upon","tokens":2}}"#));

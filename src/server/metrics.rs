@@ -101,6 +101,17 @@ pub const OTHER: &str = "other";
 /// Recent queue waits kept per tenant for percentiles.
 const RECENT_TENANT_WAITS: usize = 256;
 
+/// `2xx`, `4xx`...: a status's class label (no formatting per request).
+fn status_class(status: u16) -> std::borrow::Cow<'static, str> {
+    const CLASSES: [&str; 10] = [
+        "0xx", "1xx", "2xx", "3xx", "4xx", "5xx", "6xx", "7xx", "8xx", "9xx",
+    ];
+    match CLASSES.get(usize::from(status / 100)) {
+        Some(class) => (*class).into(),
+        None => format!("{}xx", status / 100).into(),
+    }
+}
+
 /// What one tenant did, as the HTTP side saw it.
 #[derive(Debug, Default, Clone)]
 pub struct TenantStats {
@@ -123,12 +134,17 @@ impl TenantStats {
     }
 
     fn record(&mut self, f: &Finished, priority: &'static str) {
-        let class = format!("{}xx", f.status / 100);
-        *self.requests.entry((priority, class)).or_default() += 1;
+        let class = status_class(f.status);
+        *self
+            .requests
+            .entry((priority, class.into_owned()))
+            .or_default() += 1;
         if f.outcome == "completed" {
             self.completed += 1;
+        } else if let Some(n) = self.rejected.get_mut(f.outcome) {
+            *n += 1;
         } else {
-            *self.rejected.entry(f.outcome.to_string()).or_default() += 1;
+            self.rejected.insert(f.outcome.to_string(), 1);
         }
         if let Some(w) = f.queue_wait {
             self.wait.entry(priority).or_default().observe(w);
@@ -196,24 +212,38 @@ impl HttpMetrics {
             } else {
                 OTHER_TENANT
             };
-            m.tenants
-                .entry(label.to_string())
-                .or_default()
-                .record(f, priority);
+            // Looked up by reference first: a name is copied only when it is new.
+            match m.tenants.get_mut(label) {
+                Some(t) => t.record(f, priority),
+                None => m
+                    .tenants
+                    .entry(label.to_string())
+                    .or_default()
+                    .record(f, priority),
+            }
         }
-        let class = format!("{}xx", f.status / 100);
+        let class = status_class(f.status);
         *m.requests
-            .entry((f.route.to_string(), f.model.to_string(), class))
+            .entry((f.route.to_string(), f.model.to_string(), class.into_owned()))
             .or_default() += 1;
-        m.duration
-            .entry(f.route.to_string())
-            .or_default()
-            .observe(f.duration);
+        match m.duration.get_mut(f.route) {
+            Some(h) => h.observe(f.duration),
+            None => m
+                .duration
+                .entry(f.route.to_string())
+                .or_default()
+                .observe(f.duration),
+        }
         if let Some(t) = f.first_chunk {
             m.first_chunk.observe(t);
         }
         if let Some(key) = f.key {
-            let usage = m.keys.entry(key.to_string()).or_default();
+            if !m.keys.contains_key(key) {
+                m.keys.insert(key.to_string(), KeyUsage::default());
+            }
+            let Some(usage) = m.keys.get_mut(key) else {
+                return;
+            };
             usage.requests += 1;
             usage.tokens_in = usage.tokens_in.saturating_add(f.tokens.0);
             usage.tokens_out = usage.tokens_out.saturating_add(f.tokens.1);
@@ -325,6 +355,51 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"300\"} 2\n"));
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"));
         assert!(out.contains("x_count 3\n"));
+    }
+
+    #[test]
+    fn repeated_requests_add_up_under_the_same_labels() {
+        let m = HttpMetrics::new(10);
+        for (status, outcome) in [(200, "completed"), (200, "completed"), (503, "no_worker")]
+            .into_iter()
+            .chain([(999, "odd"), (1000, "odd")])
+        {
+            m.finished(&Finished {
+                id: "r",
+                route: "/v1/chat/completions",
+                model: "m",
+                status,
+                duration: Duration::from_millis(2),
+                first_chunk: None,
+                key: Some("k1"),
+                tokens: (1, 2),
+                worker: None,
+                tenant: Some(("t", "normal")),
+                outcome,
+                queue_wait: None,
+            });
+        }
+        let inner = m.snapshot();
+        let count = |class: &str| {
+            let key = (
+                "/v1/chat/completions".to_string(),
+                "m".to_string(),
+                class.to_string(),
+            );
+            inner.requests.get(&key).copied()
+        };
+        assert_eq!(count("2xx"), Some(2));
+        assert_eq!(count("5xx"), Some(1));
+        assert_eq!(count("9xx"), Some(1));
+        assert_eq!(count("10xx"), Some(1));
+        assert_eq!(inner.duration["/v1/chat/completions"].count(), 5);
+        assert_eq!(inner.keys["k1"].requests, 5);
+        assert_eq!(inner.keys["k1"].tokens_out, 10);
+        let t = &inner.tenants["t"];
+        assert_eq!(t.completed, 2);
+        assert_eq!(t.rejected["no_worker"], 1);
+        assert_eq!(t.rejected["odd"], 2);
+        assert_eq!(t.requests[&("normal", "2xx".to_string())], 2);
     }
 
     #[test]

@@ -327,6 +327,7 @@ impl Parts<'_> {
             headers: self.headers.clone(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         let submit = Input::Submit {
             id,

@@ -166,6 +166,7 @@ pub fn run_with(
         headers,
         body_encoding: encoding.map(str::to_string),
         continuation: None,
+        held: None,
     });
     if let Err(e) = fits_one_message(&msg, ctx.cfg.max_ws_message_bytes) {
         return reject_caller(conn, ctx, &job.route, &e, keep, Some(&caller));
@@ -221,6 +222,12 @@ pub fn run_with(
                 .open(&wire, resume::Owner::of(&caller), content_type)
         })
         .flatten();
+    // The worker keeps a copy too when it can number the events alike: the relay's
+    // own SSE as the worker sends it (no reshaped NDJSON, no continuation splice).
+    let mut msg = msg;
+    if let (Some(tap), true, None) = (&resume, job.reshape.is_none(), &tracker) {
+        Arc::make_mut(&mut msg).held = Some(tap.worker_hold());
+    }
     let mut session = Session {
         conn,
         ctx,
@@ -375,7 +382,7 @@ impl Session<'_, '_> {
                         .map(|c| if c.is_control() { '?' } else { c })
                         .collect();
                     let note = format!(": waking {name}\n\n");
-                    self.emit(&mut buf, &note, framing, false);
+                    self.emit_note(&mut buf, &note, framing);
                 }
                 ClientEvent::Interrupted => self.interrupted(&mut buf),
                 ClientEvent::Credit(until) => {

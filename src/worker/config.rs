@@ -113,6 +113,18 @@ pub const OPTIONS: &[Opt] = &[
         help: "largest WebSocket message accepted from the server",
     },
     Opt {
+        flag: "held-stream-bytes",
+        env: "HELD_STREAM_BYTES",
+        default: Some("1048576"),
+        help: "with several relays: most bytes of events kept for one resumable stream, so it survives its relay (past it while no relay reads: cancelled)",
+    },
+    Opt {
+        flag: "held-total-bytes",
+        env: "HELD_TOTAL_BYTES",
+        default: Some("67108864"),
+        help: "with several relays: most bytes kept for all such streams together (a new stream past it is not kept)",
+    },
+    Opt {
         flag: "ca-file",
         env: "CA_FILE",
         default: None,
@@ -227,6 +239,9 @@ pub struct WorkerConfig {
     pub context_trim: bool,
     pub protocol_version: String,
     pub max_ws_message_bytes: usize,
+    /// Caps of the streams kept for a resume through another relay (`held/`).
+    pub held_stream_bytes: usize,
+    pub held_total_bytes: usize,
     pub ca_file: Option<String>,
     /// Wake-on-LAN and sleep settings (`worker/power/`).
     pub power: super::power::PowerConfig,
@@ -289,6 +304,8 @@ impl WorkerConfig {
             context_trim: s.get("context-trim").is_none() || s.flag_bool("context-trim")?,
             protocol_version: s.string("protocol-version", BRIDGE_PROTOCOL_VERSION),
             max_ws_message_bytes: s.number("max-ws-message-bytes", 64 << 20)?,
+            held_stream_bytes: s.number("held-stream-bytes", super::held::STREAM_BYTES)?,
+            held_total_bytes: s.number("held-total-bytes", super::held::TOTAL_BYTES)?,
             ca_file: s.get("ca-file").map(str::to_string),
             power: super::power::PowerConfig::from_settings(s)?,
         })
@@ -325,6 +342,8 @@ impl std::fmt::Debug for WorkerConfig {
             .field("context_trim", &self.context_trim)
             .field("protocol_version", &self.protocol_version)
             .field("max_ws_message_bytes", &self.max_ws_message_bytes)
+            .field("held_stream_bytes", &self.held_stream_bytes)
+            .field("held_total_bytes", &self.held_total_bytes)
             .field("ca_file", &self.ca_file)
             .finish()
     }

@@ -9,11 +9,18 @@
 //! | Ollama | the text as a trailing assistant message (a prefill) | the new text only |
 //! | openai (or not known yet) | refused: what such a backend does with it is not known | |
 //!
-//! A client's own prefill (its last message already the assistant's) gets the text
-//! appended instead of a second assistant message. A refusal is reported retryable:
-//! nothing reached the backend, another worker may take it.
+//! On `/v1/messages` (Anthropic's format, which the backend serves itself) the same
+//! trailing assistant message is Anthropic's own prefill; llama-server and Ollama go on
+//! from it. vLLM's Anthropic endpoint has no `continue_final_message` and would start
+//! a new turn: refused there (`protocol::continuation::continues_on`).
 //!
-//! llama-server answers a prefill with the prefill text first, then the new text. A
+//! A client's own prefill (its last message already the assistant's) gets the text
+//! appended instead of a second assistant message (to its last text part when its
+//! content is a list). A refusal is reported retryable: nothing reached the backend,
+//! another worker may take it.
+//!
+//! llama-server answers a prefill with the prefill text first, then the new text (in
+//! chat chunks and in Anthropic `text_delta`s alike). A
 //! llama-server whose template is not jinja ignores the prefill and starts a new turn,
 //! which would splice two answers; [`Echo`] therefore holds the answer back until the
 //! echo matched the text, and refuses the request if it did not.
@@ -23,7 +30,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::backend_kind::Kind;
-use crate::protocol::continuation::Continuation;
+use crate::protocol::continuation::{continues_on, Continuation};
 use crate::protocol::{RequestMessage, WorkerMessage};
 
 /// The request to run: `req` itself, or for a continuation the same with the body
@@ -35,9 +42,14 @@ pub fn prepare(
     let Some(continuation) = &req.continuation else {
         return Ok(req.clone());
     };
-    let kind = kind.filter(|k| *k != Kind::OpenAi).ok_or(
-        "this worker's backend cannot continue an answer (kind not llama-server, vllm or ollama)",
-    )?;
+    let kind = kind
+        .filter(|k| continues_on(k.as_str(), &req.endpoint_path))
+        .ok_or_else(|| {
+            format!(
+                "this worker's backend ({}) cannot continue an answer on this route",
+                kind.map_or("kind not known yet", Kind::as_str)
+            )
+        })?;
     let body = backend_body(kind, &req.body, continuation)?;
     let mut msg = (**req).clone();
     msg.body = Arc::from(body);
@@ -56,11 +68,19 @@ pub fn backend_body(kind: Kind, body: &str, delivered: &Continuation) -> Result<
     let Some(messages) = object.get_mut("messages").and_then(Value::as_array_mut) else {
         return Err("the request has no messages".into());
     };
-    match messages.last_mut() {
-        Some(last) if last["role"] == "assistant" && last["content"].is_string() => {
-            let text = format!("{}{prefix}", last["content"].as_str().unwrap_or(""));
-            last["content"] = Value::String(text);
-        }
+    let own = messages
+        .last_mut()
+        .filter(|last| last["role"] == "assistant")
+        .and_then(|last| last.get_mut("content"));
+    match own {
+        Some(Value::String(text)) => text.push_str(prefix),
+        Some(Value::Array(parts)) => match parts.last_mut() {
+            Some(part) if part["type"] == "text" && part["text"].is_string() => {
+                let text = format!("{}{prefix}", part["text"].as_str().unwrap_or(""));
+                part["text"] = Value::String(text);
+            }
+            _ => parts.push(json!({"type": "text", "text": prefix})),
+        },
         _ => messages.push(json!({"role": "assistant", "content": prefix})),
     }
     for limit in ["max_tokens", "max_completion_tokens"] {
@@ -151,15 +171,14 @@ impl Echo {
 
     /// One event while the echo is expected.
     fn event(&mut self, event: &str) -> Option<String> {
-        let Some(data) = event.trim_end().strip_prefix("data: ") else {
+        let Some(mut chunk) = data_json(event) else {
             return Some(event.to_string());
         };
-        let Ok(mut chunk) = serde_json::from_str::<Value>(data) else {
-            return Some(event.to_string());
+        let Some(content) = text_slot(&mut chunk) else {
+            return Some(event.to_string()); // the role chunk, `message_start`...
         };
-        let content = &mut chunk["choices"][0]["delta"]["content"];
         let Some(text) = content.as_str().filter(|t| !t.is_empty()) else {
-            return Some(event.to_string()); // the role chunk
+            return Some(event.to_string());
         };
         if self.rest.starts_with(text) {
             self.rest.drain(..text.len());
@@ -173,7 +192,7 @@ impl Echo {
                 *content = Value::String(new.to_string());
                 self.rest.clear();
                 self.state = State::Passing;
-                Some(format!("data: {chunk}\n\n"))
+                Some(with_data(event, &chunk))
             }
             None => {
                 self.state = State::Refused;
@@ -181,6 +200,41 @@ impl Echo {
             }
         }
     }
+}
+
+/// The JSON of an SSE event's `data:` lines, when it is JSON.
+fn data_json(event: &str) -> Option<Value> {
+    serde_json::from_str(&super::stream_usage::event_data(event)?).ok()
+}
+
+/// Where an event carries the answer's text: a chat chunk's `choices[0].delta.content`,
+/// an Anthropic `content_block_delta`'s `text_delta`.
+fn text_slot(chunk: &mut Value) -> Option<&mut Value> {
+    if chunk.get("type").and_then(Value::as_str) == Some("content_block_delta") {
+        let delta = chunk.get_mut("delta")?;
+        if delta.get("type").and_then(Value::as_str) != Some("text_delta") {
+            return None;
+        }
+        return delta.get_mut("text");
+    }
+    chunk
+        .get_mut("choices")?
+        .get_mut(0)?
+        .get_mut("delta")?
+        .get_mut("content")
+}
+
+/// `event` with `chunk` as its data; its other lines (Anthropic's `event:`) kept.
+fn with_data(event: &str, chunk: &Value) -> String {
+    let mut out = String::new();
+    for line in event.lines() {
+        if !line.is_empty() && !line.starts_with("data:") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!("data: {chunk}\n\n"));
+    out
 }
 
 #[cfg(test)]
@@ -236,10 +290,46 @@ mod tests {
             headers: Default::default(),
             body_encoding: None,
             continuation: Some(text("x")),
+            held: None,
         });
         assert!(prepare(&req, Some(Kind::OpenAi)).is_err());
         assert!(prepare(&req, None).is_err());
         assert!(prepare(&req, Some(Kind::LlamaServer)).is_ok());
+        // On `/v1/messages` vLLM would start a new turn: refused there.
+        let messages = Arc::new(RequestMessage {
+            endpoint_path: "/v1/messages".into(),
+            ..(*req).clone()
+        });
+        assert!(prepare(&messages, Some(Kind::Vllm)).is_err());
+        for kind in [Kind::LlamaServer, Kind::Ollama] {
+            let sent = prepare(&messages, Some(kind)).unwrap();
+            let sent: Value = serde_json::from_str(&sent.body).unwrap();
+            assert_eq!(
+                sent["messages"][1],
+                json!({"role": "assistant", "content": "x"})
+            );
+            assert!(sent.get("continue_final_message").is_none());
+        }
+    }
+
+    #[test]
+    fn a_prefill_in_content_blocks_gets_the_text_in_its_last_text_block() {
+        let body = r#"{"max_tokens":10,"messages":[{"role":"user","content":"hi"},
+            {"role":"assistant","content":[{"type":"text","text":"A: "}]}]}"#;
+        let sent: Value =
+            serde_json::from_str(&backend_body(Kind::LlamaServer, body, &text("yes")).unwrap())
+                .unwrap();
+        assert_eq!(
+            sent["messages"][1]["content"],
+            json!([{"type": "text", "text": "A: yes"}])
+        );
+        let body = r#"{"messages":[{"role":"assistant","content":[{"type":"image"}]}]}"#;
+        let sent: Value =
+            serde_json::from_str(&backend_body(Kind::Ollama, body, &text("yes")).unwrap()).unwrap();
+        assert_eq!(
+            sent["messages"][0]["content"][1],
+            json!({"type": "text", "text": "yes"})
+        );
     }
 
     fn chunk(text: &str) -> WorkerMessage {
@@ -287,6 +377,48 @@ mod tests {
             text_of(e.filter(chunk(&content(" blue")))),
             content(" blue")
         );
+        assert!(!e.refused());
+    }
+
+    fn anthropic(text: &str) -> String {
+        let data = json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": text}});
+        format!("event: content_block_delta\ndata: {data}\n\n")
+    }
+
+    #[test]
+    fn the_echo_is_taken_off_anthropic_text_deltas() {
+        let mut e = echo("The salty");
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n\
+            event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\
+            \"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
+        assert_eq!(text_of(e.filter(chunk(start))), start);
+        // llama-server: the prefill and the first new token in one delta.
+        assert_eq!(
+            text_of(e.filter(chunk(&anthropic("The salty sea")))),
+            anthropic(" sea")
+        );
+        assert_eq!(
+            text_of(e.filter(chunk(&anthropic(" is")))),
+            anthropic(" is")
+        );
+        let mut other = echo("The salty");
+        assert_eq!(text_of(other.filter(chunk(&anthropic("Once")))), "");
+        assert!(other.refused());
+    }
+
+    #[test]
+    fn events_without_text_pass_while_the_echo_is_expected() {
+        // A usage-only chunk (no choice), an error object, a ping: no text, no panic.
+        let mut e = echo("The sea");
+        for event in [
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\n",
+            "data: {\"error\":{\"message\":\"x\"}}\n\n",
+            "data: [1,2]\n\n",
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+        ] {
+            assert_eq!(text_of(e.filter(chunk(event))), event);
+        }
         assert!(!e.refused());
     }
 

@@ -174,20 +174,21 @@ impl InFlight {
     }
 
     pub fn cancel_all(&self) {
-        self.cancel_where(|_| true);
+        self.cancel_where(|_, _| true);
     }
 
-    /// Cancels the requests of one relay (its session ended: answers cannot reach it).
-    pub fn cancel_relay(&self, relay: usize) {
-        self.cancel_where(|r| r == relay);
+    /// Cancels the requests of one relay (its session ended: answers cannot reach it),
+    /// but those in `kept` (streams held for a resume through another relay).
+    pub fn cancel_relay(&self, relay: usize, kept: &[String]) {
+        self.cancel_where(|r, id| r == relay && !kept.iter().any(|k| k == id));
     }
 
-    fn cancel_where(&self, which: impl Fn(usize) -> bool) {
+    fn cancel_where(&self, which: impl Fn(usize, &str) -> bool) {
         let handles: Vec<Arc<Handle>> = self
             .table
             .lock()
             .iter()
-            .filter(|((r, _), _)| which(*r))
+            .filter(|((r, id), _)| which(*r, id))
             .map(|(_, h)| h.clone())
             .collect();
         for h in handles {
@@ -228,7 +229,7 @@ mod tests {
         assert_eq!(t.insert(1, "r-1", None).err(), Some(Refused::Duplicate));
         assert_eq!(t.insert(1, "r-2", Some(2)).err(), Some(Refused::Full));
         assert!(t.insert(1, "r-2", None).is_ok());
-        t.cancel_relay(1);
+        t.cancel_relay(1, &[]);
         assert!(!t.table.lock()[&(0, "r-1".to_string())].is_cancelled());
         assert!(t.table.lock()[&(1, "r-2".to_string())].is_cancelled());
         t.remove(1, "r-1");

@@ -22,6 +22,7 @@ pub mod backend_kind;
 pub mod config;
 pub mod continuation;
 pub mod health;
+pub mod held;
 pub mod inflight;
 pub mod lifecycle;
 pub mod power;
@@ -74,6 +75,8 @@ pub struct Shared {
     /// Model operations and `worker_status` (`lifecycle/`).
     pub lifecycle: lifecycle::Lifecycle,
     pub power: power::Power,
+    /// Resumable streams kept for a resume through another relay (`held/`).
+    pub held: held::HeldStreams,
     draining: AtomicBool,
     /// Closed (by dropping the sender) when a drain starts, to wake sleeping threads.
     drain_signal: Mutex<Option<Sender<()>>>,
@@ -140,6 +143,7 @@ impl Worker {
                 &cfg.power,
                 cfg.connect_urls.first().map_or("", String::as_str),
             ),
+            held: held::HeldStreams::new(cfg.held_stream_bytes, cfg.held_total_bytes),
             draining: AtomicBool::new(false),
             drain_signal: Mutex::new(Some(drain_tx)),
             drain_wait,
@@ -168,6 +172,13 @@ impl Worker {
         let _ = std::thread::Builder::new()
             .name("owner".into())
             .spawn(move || power::owner::run(&s));
+        if shared.cfg.connect_urls.len() > 1 {
+            // Only a worker serving several relays holds streams for a resume.
+            let s = shared.clone();
+            let _ = std::thread::Builder::new()
+                .name("held".into())
+                .spawn(move || s.held.run_reaper());
+        }
         relays::start(&shared);
         Ok(Worker { shared, control_rx })
     }

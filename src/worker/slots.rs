@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use super::backend::{fresh_agent, Outcome, UNAVAILABLE_BODY_CHARS};
 use super::continuation;
 use super::health;
+use super::held;
 use super::inflight::{Handle, Refused};
 use super::relays;
 use super::relays::session::{Link, Out};
@@ -38,6 +39,8 @@ pub struct Job {
     pub failover: bool,
     /// That relay asked for `response_head` (the backend's head before the first chunk).
     pub response_head: bool,
+    /// The answer is also kept here for a resume through another relay ([`held`]).
+    pub held: Option<Arc<held::Stream>>,
 }
 
 #[derive(Default)]
@@ -95,6 +98,12 @@ impl Slots {
             }
         };
         relays::report_load(shared);
+        // Only a worker serving several relays holds streams (it listed the feature).
+        let held = req
+            .held
+            .as_ref()
+            .filter(|_| req.is_streaming && shared.cfg.connect_urls.len() > 1)
+            .and_then(|h| shared.held.open(link.relay, &req.request_id, h, &handle));
         if link.answer_credit {
             handle.limit_answer(crate::protocol::pieces::ANSWER_WINDOW);
         }
@@ -105,6 +114,7 @@ impl Slots {
             relay: link.relay,
             failover: link.failover,
             response_head: link.response_head,
+            held,
         };
         let idle = {
             let mut state = self.state.lock();
@@ -185,7 +195,7 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
                 let report = Report::retryable("continuation_unsupported", why.into(), 502);
                 shared.inflight.remove(job.relay, id);
                 relays::report_load(shared);
-                job.out.send(&report.into_message(id));
+                send_report(&job, report.into_message(id));
                 return;
             }
             let answered = !matches!(outcome, Outcome::Unreachable(_));
@@ -201,7 +211,7 @@ fn run_job(shared: &Shared, agent: &mut ureq::Agent, job: Job) {
     shared.inflight.remove(job.relay, id);
     relays::report_load(shared);
     if let Some(r) = report {
-        job.out.send(&r.into_message(id));
+        send_report(&job, r.into_message(id));
     }
     if answered {
         // After the answer went out: a model that was not loaded probably is now, and
@@ -230,7 +240,12 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> (Outcome, boo
         };
         // A server that did not ask for `response_head` is not sent one.
         if head || !matches!(msg, WorkerMessage::ResponseHead { .. }) {
-            job.out.send(&msg);
+            match &job.held {
+                Some(held) => held.pass(msg, |m| job.out.send(m)),
+                None => {
+                    job.out.send(&msg);
+                }
+            }
         }
     };
     let outcome = if job.handle.attach(agent) {
@@ -256,6 +271,14 @@ fn forward(shared: &Shared, agent: &mut ureq::Agent, job: &Job) -> (Outcome, boo
         *agent = fresh_agent();
     }
     (outcome, echo.is_some_and(|e| e.refused()))
+}
+
+/// Sends a request's `error` to its relay; a held stream's resumed reader gets it too.
+fn send_report(job: &Job, msg: WorkerMessage) {
+    if let Some(held) = &job.held {
+        held.failed(&msg);
+    }
+    job.out.send(&msg);
 }
 
 /// An `error` for one request.

@@ -163,21 +163,26 @@ pub fn is_usage_event(event: &str) -> bool {
     if !event.contains("usage") || !event.contains("choices") {
         return false;
     }
-    let data: Vec<&str> = event
-        .lines()
-        .filter_map(|line| line.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect();
-    if data.is_empty() {
+    let Some(data) = event_data(event) else {
         return false;
-    }
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&data.join("\n")) else {
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) else {
         return false;
     };
     v.get("choices")
         .and_then(|c| c.as_array())
         .is_some_and(|c| c.is_empty())
         && v.get("usage").is_some_and(|u| u.is_object())
+}
+
+/// The data of one SSE event (its `data:` lines joined), or `None` for one without.
+pub(crate) fn event_data(event: &str) -> Option<String> {
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    (!data.is_empty()).then(|| data.join("\n"))
 }
 
 /// Finds the last `usage` object in an SSE stream, line by line.

@@ -610,3 +610,17 @@ pub fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String
     reader.read_exact(&mut body).ok()?;
     Some((method, path, body))
 }
+
+/// A scripted backend's answer to a `GET` (what a worker asks before serving): model
+/// `m` at `/v1/models`, 404 elsewhere.
+pub fn answer_get(out: &mut TcpStream, path: &str) -> std::io::Result<()> {
+    let (status, body) = match path {
+        "/v1/models" => (200, r#"{"object":"list","data":[{"id":"m"}]}"#),
+        _ => (404, r#"{"error":"not found"}"#),
+    };
+    let head = format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    out.write_all(format!("{head}{body}").as_bytes())
+}

@@ -9,6 +9,11 @@ Asserted on every run (exit 1 otherwise): one well-formed stream (every event JS
 id, one role chunk, exactly one `: continued on another worker` comment, `[DONE]`
 last) whose text begins with the text delivered before the kill. Printed: how often the
 continued answer equals the uninterrupted one character for character.
+
+API=messages streams `/v1/messages` through the real `anthropic` client instead, and
+asserts one well-formed Anthropic stream as the client parsed it: one `message_start`,
+one text block whose deltas all carry its index, one `message_delta`, `message_stop`
+last (the client skips SSE comments: the marker is the Rust suites' to check).
 """
 import http.client
 import json
@@ -26,6 +31,7 @@ MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "64"))
 SEED = int(os.environ.get("SEED", str(int(time.time()))))
 WORKER_ENV = json.loads(os.environ["WORKER_ENV"])  # common environment of the workers
 WORKER_BIN = os.environ["WORKER_BIN"]
+API = os.environ.get("API", "chat")  # or "messages"
 
 BODY = {
     "model": "gemma3",
@@ -114,6 +120,13 @@ def serving_worker(request_id):
     sys.exit(f"no worker logged {request_id}")
 
 
+def kill_serving(request_id):
+    killed = serving_worker(request_id)
+    workers[killed].send_signal(signal.SIGKILL)
+    workers[killed].wait()
+    return killed
+
+
 def run(k, expected):
     c, r = open_stream(True)
     request_id = r.getheader("x-request-id")
@@ -135,14 +148,10 @@ def run(k, expected):
         words += bool(text)
         if killed is None and words == k:
             before = "".join(texts)
-            killed = serving_worker(request_id)
-            workers[killed].send_signal(signal.SIGKILL)
-            workers[killed].wait()
+            killed = kill_serving(request_id)
     c.close()
     final = "".join(texts)
     problems = []
-    if killed is None:
-        problems.append(f"the answer ended before word {k}")
     # (llama-server's own `created` changes from chunk to chunk: only the id is one.)
     if len(ids) != 1:
         problems.append(f"ids {ids}")
@@ -152,6 +161,12 @@ def run(k, expected):
         problems.append(f"{markers} markers")
     if not done_last:
         problems.append("[DONE] is not last")
+    return finish(problems, killed, final, before, expected)
+
+
+def finish(problems, killed, final, before, expected):
+    if killed is None:
+        problems.append("the answer ended before the kill")
     if before is not None and not final.startswith(before):
         problems.append("the prefix is not intact")
     if killed is not None:
@@ -160,18 +175,58 @@ def run(k, expected):
     return final == expected, problems, final, before
 
 
+def anthropic_stream(continue_on_failure):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=f"http://{RELAY}", api_key="unused", max_retries=0)
+    headers = {"x-continue-on-failure": "true"} if continue_on_failure else {}
+    return client.messages.create(
+        model=BODY["model"], max_tokens=MAX_TOKENS, stream=True, messages=BODY["messages"],
+        extra_body={"temperature": 0}, extra_headers=headers)
+
+
+def uninterrupted_messages():
+    return "".join(e.delta.text for e in anthropic_stream(False)
+                   if e.type == "content_block_delta" and e.delta.type == "text_delta")
+
+
+def run_messages(k, expected):
+    stream = anthropic_stream(True)
+    request_id = stream.response.headers.get("x-request-id")
+    kinds, indexes, texts, before, killed = [], set(), [], None, None
+    for event in stream:  # the client parses the events; a malformed one raises
+        kinds.append(event.type)
+        if getattr(event, "index", None) is not None:
+            indexes.add(event.index)
+        if event.type == "content_block_delta" and event.delta.type == "text_delta":
+            texts.append(event.delta.text)
+            if killed is None and len(texts) == k:
+                before = "".join(texts)
+                killed = kill_serving(request_id)
+    problems = []
+    for kind in ("message_start", "content_block_start", "content_block_stop",
+                 "message_delta", "message_stop"):
+        if kinds.count(kind) != 1:
+            problems.append(f"{kinds.count(kind)} {kind}")
+    if indexes != {0}:
+        problems.append(f"block indexes {indexes}")
+    if kinds and kinds[-1] != "message_stop":
+        problems.append(f"{kinds[-1]} is last")
+    return finish(problems, killed, "".join(texts), before, expected)
+
+
 def main():
     for name in ("a", "b"):
         start_worker(name)
     wait_workers(2)
-    expected = uninterrupted()
+    expected = uninterrupted_messages() if API == "messages" else uninterrupted()
     words = len(expected.split())
     rng = random.Random(SEED)
     same, bad = 0, 0
-    print(f"continuation vs uninterrupted, {RUNS} runs, SEED={SEED}, {MAX_TOKENS} tokens")
+    print(f"{API}: continuation vs uninterrupted, {RUNS} runs, SEED={SEED}, {MAX_TOKENS} tokens")
     for i in range(RUNS):
         k = rng.randint(1, max(1, min(words, MAX_TOKENS) - 8))
-        equal, problems, final, before = run(k, expected)
+        equal, problems, final, before = (run_messages if API == "messages" else run)(k, expected)
         same += equal
         bad += bool(problems)
         print(f"  run {i + 1:2}: killed after {k:2} words: {'same' if equal else 'differs'}"

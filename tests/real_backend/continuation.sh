@@ -2,7 +2,8 @@
 # Finishing an answer whose worker died, against the real llama-server (Gemma 3 270M):
 # prints how often the continued answer equals the uninterrupted one, and fails unless
 # every run is one well-formed stream with its prefix intact. RUNS (default 20),
-# MAX_TOKENS (64) and SEED choose the runs.
+# MAX_TOKENS (64) and SEED choose the runs; API=messages runs `/v1/messages` through
+# the `anthropic` client instead of chat completions.
 #
 # Unlike run.sh's llama-server this one uses a jinja chat template: llama-server treats a
 # trailing assistant message as a prefill only then (with --no-jinja the worker sees no
@@ -31,7 +32,7 @@ done
 
 WORKER_ENV=$(printf '{"WORKER_SECRET":"real","PROXY_URL":"http://127.0.0.1:%s","BACKEND_URL":"http://127.0.0.1:%s","MAX_CONCURRENCY":"2","LOG_LEVEL":"info"}' "$RELAY_PORT" "$LLAMA_PORT")
 if ! RELAY="127.0.0.1:$RELAY_PORT" LOGS="$LOGS" WORKER_ENV="$WORKER_ENV" \
-    WORKER_BIN=./target/release/modelrelay-worker python3 -u tests/real_backend/continuation.py; then
+    WORKER_BIN=./target/release/modelrelay-worker "$CACHE/venv/bin/python" -u tests/real_backend/continuation.py; then
   for f in server worker-a worker-b; do echo "---- $f log (tail)"; tail -n 20 "$LOGS/$f.log"; done
   exit 1
 fi

@@ -246,7 +246,7 @@ pub const OPTIONS: &[Opt] = &[
         flag: "continue-on-failure",
         env: "CONTINUE_ON_FAILURE",
         default: Some("off"),
-        help: "on or off: when a worker dies (or its backend fails) midway through a streamed chat answer, finish the answer on another worker from the text already sent; a request may choose with `X-Continue-On-Failure: true|false`",
+        help: "on or off: when a worker dies (or its backend fails) midway through a streamed chat or /v1/messages answer, finish the answer on another worker from the text already sent; a request may choose with `X-Continue-On-Failure: true|false`",
     },
     Opt {
         flag: "moe-enabled",

@@ -6,7 +6,9 @@
 //! `false`) and must be one whose answer can be continued from its text alone
 //! ([`eligible`]): a streamed `/v1/chat/completions` (also what `/api/chat` becomes)
 //! with one choice, no log probabilities and no response format or grammar (a
-//! constrained answer would restart its grammar at the prefix). Its stream is watched
+//! constrained answer would restart its grammar at the prefix), or a streamed
+//! `/v1/messages` without extended thinking (its events are read by [`messages`]; the
+//! rest of this documentation speaks of chat chunks). Its stream is watched
 //! as it passes ([`Tracker`]): the content of every complete event that went to the
 //! client is kept (bounded by [`MAX_PREFIX_BYTES`]), with the answer's `id`, `created`
 //! and `model`. Nothing else is copied; requests that did not opt in have no tracker.
@@ -36,6 +38,7 @@ use serde_json::{Map, Value};
 use crate::protocol::continuation::Continuation;
 use crate::protocol::{RequestMessage, ResponseComplete};
 
+mod messages;
 #[cfg(test)]
 mod tests;
 
@@ -48,6 +51,19 @@ const MAX_EVENT: usize = crate::server::relay::boundary::MAX_HELD;
 pub const MARKER: &str = ": continued on another worker\n\n";
 /// The request header that opts in or out.
 pub const HEADER: &str = "x-continue-on-failure";
+
+/// The routes whose answers may be continued: OpenAI chat, and Anthropic's Messages.
+pub const CHAT_ROUTE: &str = "/v1/chat/completions";
+pub const MESSAGES_ROUTE: &str = "/v1/messages";
+
+/// The continuable route a request's path names (as `'static`, for `Needs`).
+pub fn route_of(path: &str) -> &'static str {
+    if path == MESSAGES_ROUTE {
+        MESSAGES_ROUTE
+    } else {
+        CHAT_ROUTE
+    }
+}
 
 /// Whether a request may be continued: opted in (header, else the server's setting)
 /// and of a kind whose answer goes on from its text.
@@ -63,7 +79,8 @@ pub fn eligible(
         Some(v) if v == "false" || v == "off" || v == "0" => false,
         _ => default_on,
     };
-    if !wanted || !stream || path != "/v1/chat/completions" {
+    let messages = path == MESSAGES_ROUTE;
+    if !wanted || !stream || !(path == CHAT_ROUTE || messages) {
         return false;
     }
     let Ok(Value::Object(body)) = serde_json::from_str::<Value>(body) else {
@@ -77,7 +94,22 @@ pub fn eligible(
         && absent_or("response_format", &|v| v["type"] == "text")
         && absent_or("grammar", &|_| false)
         && absent_or("json_schema", &|_| false)
+        // Thinking cannot be prefilled (the continuation would think again in the
+        // middle of the text), and structured output restarts like a grammar.
+        && (!messages
+            || absent_or("thinking", &|v| v["type"] == "disabled")
+                && absent_or("output_format", &|_| false))
         && body.get("messages").is_some_and(Value::is_array)
+}
+
+/// The API whose stream is watched.
+#[derive(Debug)]
+enum Dialect {
+    /// OpenAI chat chunks; the answer's `id`, `created`, `model`, which a
+    /// continuation's chunks are given.
+    Chat { ids: Map<String, Value> },
+    /// Anthropic Messages events ([`messages`]).
+    Messages(messages::Blocks),
 }
 
 /// Where the stream stands.
@@ -104,15 +136,20 @@ pub struct Tracker {
     parts: u64,
     /// Deltas received before the current continuation began.
     parts_before: u64,
-    /// The original answer's `id`, `created`, `model`.
-    ids: Map<String, Value>,
+    dialect: Dialect,
     /// Why the answer can no longer be continued, once that is so.
     why_not: Option<&'static str>,
 }
 
 impl Tracker {
     pub fn new(original: Arc<RequestMessage>, marker: bool) -> Tracker {
+        let dialect = if original.endpoint_path == MESSAGES_ROUTE {
+            Dialect::Messages(messages::Blocks::default())
+        } else {
+            Dialect::Chat { ids: Map::new() }
+        };
         Tracker {
+            dialect,
             original,
             marker,
             phase: Phase::Original,
@@ -120,7 +157,6 @@ impl Tracker {
             text: String::new(),
             parts: 0,
             parts_before: 0,
-            ids: Map::new(),
             why_not: None,
         }
     }
@@ -188,6 +224,9 @@ impl Tracker {
         });
         self.parts_before = self.parts;
         self.phase = Phase::Continuing { marked: false };
+        if let Dialect::Messages(blocks) = &mut self.dialect {
+            blocks.restart();
+        }
         Ok(Arc::new(msg))
     }
 
@@ -223,91 +262,134 @@ impl Tracker {
         self.text = String::new();
     }
 
-    /// Reads one complete event of the answer the client receives.
+    /// Reads one complete event of the answer the client receives. The Messages
+    /// dialect reads every event (it follows the client's content blocks to rewrite a
+    /// continuation's), also once the answer cannot be continued.
     fn observe(&mut self, event: &str) {
         let Some(data) = data_of(event) else {
             return;
         };
-        if data.trim() == "[DONE]" {
-            return self.not_continuable("the answer is complete");
-        }
-        let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(&data) else {
-            return self.not_continuable("an event that is not a JSON object");
+        let read = if data.trim() == "[DONE]" {
+            Err("the answer is complete")
+        } else if let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(&data) {
+            let read = match &mut self.dialect {
+                Dialect::Chat { ids } => read_chat(ids, &chunk),
+                Dialect::Messages(blocks) => blocks.read(&chunk),
+            };
+            read.map(|text| text.map(String::from))
+        } else {
+            Err("an event that is not a JSON object")
         };
-        if chunk.contains_key("error") {
-            return self.not_continuable("the backend reported an error");
-        }
-        if self.ids.is_empty() {
-            for key in ["id", "created", "model"] {
-                if let Some(v) = chunk.get(key) {
-                    self.ids.insert(key.into(), v.clone());
-                }
-            }
-        }
-        let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
-            return; // a usage-only chunk
-        };
-        if choices.len() > 1
-            || choices
-                .iter()
-                .any(|c| c["index"].as_u64().unwrap_or(0) != 0)
-        {
-            return self.not_continuable("several choices");
-        }
-        let Some(choice) = choices.first() else {
+        if self.why_not.is_some() {
             return;
-        };
-        if !choice["finish_reason"].is_null() {
-            return self.not_continuable("the answer is complete");
         }
-        let delta = &choice["delta"];
-        if delta.get("tool_calls").is_some_and(|t| !t.is_null()) {
-            return self.not_continuable("a tool call under way");
-        }
-        if delta.get("reasoning_content").is_some_and(|t| !t.is_null()) {
-            return self.not_continuable("reasoning text");
-        }
-        if let Some(text) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-            if self.text.len() + text.len() > MAX_PREFIX_BYTES {
-                return self.not_continuable("too much text to continue from");
+        match read {
+            Err(why) => self.not_continuable(why),
+            Ok(Some(text)) if !text.is_empty() => {
+                if self.text.len() + text.len() > MAX_PREFIX_BYTES {
+                    return self.not_continuable("too much text to continue from");
+                }
+                self.text.push_str(&text);
+                self.parts += 1;
             }
-            self.text.push_str(text);
-            self.parts += 1;
+            Ok(_) => {}
         }
     }
 
     /// One event of a continuation, in the original answer's terms (`None`: dropped).
+    /// Its text counts as delivered: a second interruption goes on from all of it.
     fn rewrite(&mut self, event: &str) -> Option<String> {
         let Some(data) = data_of(event) else {
             return Some(event.to_string());
         };
-        let Ok(Value::Object(mut chunk)) = serde_json::from_str::<Value>(&data) else {
+        let Ok(Value::Object(chunk)) = serde_json::from_str::<Value>(&data) else {
             return Some(event.to_string()); // `[DONE]`, or not ours to read
         };
-        for (key, value) in &self.ids {
-            if chunk.contains_key(key) {
-                chunk.insert(key.clone(), value.clone());
-            }
-        }
-        if let Some(Value::Object(usage)) = chunk.get_mut("usage") {
-            let moved = self.parts_before;
-            if let Some(p) = usage.get("prompt_tokens").and_then(Value::as_u64) {
-                usage.insert("prompt_tokens".into(), p.saturating_sub(moved).into());
-            }
-            if let Some(c) = usage.get("completion_tokens").and_then(Value::as_u64) {
-                usage.insert("completion_tokens".into(), c.saturating_add(moved).into());
-            }
-        }
-        if drop_role(&mut chunk) {
-            return None;
-        }
-        let chunk = Value::Object(chunk);
-        // Its text counts as delivered: a second interruption goes on from all of it.
-        let line = format!("data: {chunk}\n\n");
-        if self.why_not.is_none() {
+        let lines = match &mut self.dialect {
+            Dialect::Chat { ids } => rewrite_chat(ids, chunk, self.parts_before)
+                .map(|chunk| format!("data: {chunk}\n\n"))
+                .into_iter()
+                .collect(),
+            Dialect::Messages(blocks) => blocks.rewrite(chunk, self.parts_before),
+        };
+        let mut out = String::new();
+        for line in lines {
             self.observe(&line);
+            out.push_str(&line);
         }
-        Some(line)
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+/// Reads one chat chunk the client receives: the text it adds, or why the answer can
+/// no longer be continued. The first chunk's `id`, `created` and `model` are kept.
+fn read_chat<'a>(
+    ids: &mut Map<String, Value>,
+    chunk: &'a Map<String, Value>,
+) -> Result<Option<&'a str>, &'static str> {
+    if chunk.contains_key("error") {
+        return Err("the backend reported an error");
+    }
+    if ids.is_empty() {
+        for key in ["id", "created", "model"] {
+            if let Some(v) = chunk.get(key) {
+                ids.insert(key.into(), v.clone());
+            }
+        }
+    }
+    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+        return Ok(None); // a usage-only chunk
+    };
+    if choices.len() > 1
+        || choices
+            .iter()
+            .any(|c| c["index"].as_u64().unwrap_or(0) != 0)
+    {
+        return Err("several choices");
+    }
+    let Some(choice) = choices.first() else {
+        return Ok(None);
+    };
+    if !choice["finish_reason"].is_null() {
+        return Err("the answer is complete");
+    }
+    let delta = &choice["delta"];
+    if delta.get("tool_calls").is_some_and(|t| !t.is_null()) {
+        return Err("a tool call under way");
+    }
+    if delta.get("reasoning_content").is_some_and(|t| !t.is_null()) {
+        return Err("reasoning text");
+    }
+    Ok(delta["content"].as_str())
+}
+
+/// One chunk of a continuation in the original answer's terms (`None`: dropped): its
+/// ids, usage counting both parts, no second role.
+fn rewrite_chat(
+    ids: &Map<String, Value>,
+    mut chunk: Map<String, Value>,
+    moved: u64,
+) -> Option<Value> {
+    for (key, value) in ids {
+        if chunk.contains_key(key) {
+            chunk.insert(key.clone(), value.clone());
+        }
+    }
+    if let Some(Value::Object(usage)) = chunk.get_mut("usage") {
+        move_tokens(usage, ["prompt_tokens", "completion_tokens"], moved);
+    }
+    (!drop_role(&mut chunk)).then_some(Value::Object(chunk))
+}
+
+/// Usage counting both parts: the continuation's backend counted the `moved` tokens
+/// delivered before as prompt (`keys[0]`); they were completion (`keys[1]`).
+fn move_tokens(usage: &mut Map<String, Value>, keys: [&str; 2], moved: u64) {
+    let [prompt, completion] = keys;
+    if let Some(p) = usage.get(prompt).and_then(Value::as_u64) {
+        usage.insert(prompt.into(), p.saturating_sub(moved).into());
+    }
+    if let Some(c) = usage.get(completion).and_then(Value::as_u64) {
+        usage.insert(completion.into(), c.saturating_add(moved).into());
     }
 }
 

@@ -4,6 +4,8 @@ use super::*;
 use crate::protocol::TokenCounts;
 use serde_json::json;
 
+mod messages;
+
 fn original() -> Arc<RequestMessage> {
     Arc::new(RequestMessage {
         request_id: "r-1".into(),
@@ -16,6 +18,7 @@ fn original() -> Arc<RequestMessage> {
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     })
 }
 
@@ -53,7 +56,22 @@ fn only_opted_in_single_choice_chat_streams_are_eligible() {
     assert!(!eligible(Some("false"), true, path, true, chat));
     assert!(!eligible(None, false, path, true, chat));
     assert!(!eligible(Some("true"), false, path, false, chat));
-    assert!(!eligible(Some("true"), false, "/v1/messages", true, chat));
+    assert!(eligible(Some("true"), false, "/v1/messages", true, chat));
+    assert!(!eligible(Some("true"), false, "/v1/responses", true, chat));
+    for extra in [
+        r#""thinking":{"type":"enabled","budget_tokens":1024}"#,
+        r#""output_format":{"type":"json_schema"}"#,
+    ] {
+        let body = format!(r#"{{"model":"m","stream":true,"messages":[],{extra}}}"#);
+        assert!(
+            !eligible(Some("true"), false, "/v1/messages", true, &body),
+            "{extra}"
+        );
+        // Chat has no such fields: its own rules apply.
+        assert!(eligible(Some("true"), false, path, true, &body), "{extra}");
+    }
+    let off = r#"{"model":"m","stream":true,"messages":[],"thinking":{"type":"disabled"}}"#;
+    assert!(eligible(Some("true"), false, "/v1/messages", true, off));
     for extra in [
         r#""n":2"#,
         r#""logprobs":true"#,

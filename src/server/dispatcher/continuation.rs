@@ -61,7 +61,9 @@ impl Dispatcher {
         }
         let model = req.msg.model.clone();
         let needs = Needs {
-            continuation: true,
+            continuation: Some(crate::server::continuation::route_of(
+                &req.msg.endpoint_path,
+            )),
             ..req.needs
         };
         let able = |w: &Worker| {

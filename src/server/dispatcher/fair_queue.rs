@@ -423,6 +423,7 @@ mod tests {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         })
     }
 

@@ -24,6 +24,7 @@
 //! | `registry.rs`, `stats.rs` | the other data it owns |
 
 pub mod affinity;
+mod attach;
 mod continuation;
 pub mod fair_queue;
 pub mod lifecycle;
@@ -179,6 +180,12 @@ pub enum Event {
     Continue {
         id: RequestId,
         msg: Option<Arc<RequestMessage>>,
+    },
+    /// A client resumes a stream this relay does not hold: ask the workers that hold
+    /// streams ([`attach`]).
+    Attach {
+        id: RequestId,
+        msg: crate::protocol::held::Attach,
     },
     /// The client hung up before its answer was complete.
     ClientGone(RequestId),
@@ -450,6 +457,8 @@ pub struct Dispatcher {
     /// Boxes asleep, and the wake under way for each.
     sleepers: sleepers::Sleepers,
     next_wake_seq: u64,
+    /// Resumes of streams held on workers, under way ([`attach`]).
+    attaches: HashMap<RequestId, attach::Attaching>,
 }
 
 impl Dispatcher {
@@ -471,6 +480,7 @@ impl Dispatcher {
             affinity: affinity::Affinity::default(),
             sleepers: sleepers::Sleepers::default(),
             next_wake_seq: 0,
+            attaches: HashMap::new(),
             cfg,
         };
         d.timers
@@ -565,7 +575,12 @@ impl Dispatcher {
                 self.mark_continuable(id, continuable);
             }
             Event::Continue { id, msg } => self.continue_with(id, msg, now),
-            Event::ClientGone(id) => self.client_gone(id, now),
+            Event::Attach { id, msg } => self.attach(id, msg),
+            Event::ClientGone(id) => {
+                if !self.attach_gone(id) {
+                    self.client_gone(id, now)
+                }
+            }
             Event::BodyPiece {
                 id,
                 seq,

@@ -33,10 +33,10 @@ pub struct Needs {
     pub pieces: bool,
     /// A relayed route beyond chat: only workers serving it (or not saying) take it.
     pub route: Option<&'static str>,
-    /// It continues an answer begun elsewhere: only a worker that listed the
-    /// `continuation` feature, over a backend kind that can go on from a prefix, takes it
-    /// (see `server::continuation`).
-    pub continuation: bool,
+    /// It continues an answer begun elsewhere on this route: only a worker that listed
+    /// the `continuation` feature, over a backend kind that can go on from a prefix on
+    /// it, takes it (see `server::continuation`).
+    pub continuation: Option<&'static str>,
 }
 
 impl Needs {
@@ -286,11 +286,14 @@ impl Worker {
 
     /// Whether `model` here may take a request with `needs`.
     pub fn can(&self, model: &str, needs: Needs) -> bool {
-        if needs.continuation && !self.continues() {
+        if needs
+            .continuation
+            .is_some_and(|route| !self.continues(route))
+        {
             return false;
         }
         let needs = Needs {
-            continuation: false,
+            continuation: None,
             ..needs
         };
         needs == Needs::default() || self.lacks(model, needs).is_none()
@@ -307,17 +310,16 @@ impl Worker {
         });
     }
 
-    /// Whether this worker may take a continuation: it listed the feature, and its
-    /// backend is of a kind that goes on from an assistant prefix (an `openai` backend
-    /// may be anything, and an unknown kind may be one).
-    pub fn continues(&self) -> bool {
-        self.features
-            .iter()
-            .any(|f| f == crate::protocol::continuation::FEATURE_CONTINUATION)
-            && matches!(
-                self.backend_kind.as_deref(),
-                Some("llama-server" | "vllm" | "ollama")
-            )
+    /// Whether this worker may take a continuation on `route`: it listed the feature,
+    /// and its backend is of a kind that goes on from an assistant prefix there (an
+    /// unknown kind may be one that does not).
+    pub fn continues(&self, route: &str) -> bool {
+        use crate::protocol::continuation::{continues_on, FEATURE_CONTINUATION};
+        self.features.iter().any(|f| f == FEATURE_CONTINUATION)
+            && self
+                .backend_kind
+                .as_deref()
+                .is_some_and(|kind| continues_on(kind, route))
     }
 
     pub fn set_models(&mut self, models: Vec<String>) {

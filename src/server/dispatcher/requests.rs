@@ -18,6 +18,7 @@ const RECENT_DONE: usize = 256;
 const DRAIN_WINDOW: Duration = Duration::from_secs(60);
 /// How often a waiting client that asked for progress hears from the queue.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+use crate::protocol::held::FEATURE_HELD_STREAMS;
 use crate::protocol::{CancelReason, RequestMessage, ServerMessage};
 use crate::server::logsafe::bounded;
 
@@ -314,7 +315,11 @@ impl Dispatcher {
             worker,
             streamed: false,
         };
-        let (deadline, msg) = (req.deadline, req.msg.clone());
+        let (deadline, mut msg) = (req.deadline, req.msg.clone());
+        // Only a worker that listed the feature is told to hold a stream.
+        if msg.held.is_some() && !w.features.iter().any(|f| f == FEATURE_HELD_STREAMS) {
+            Arc::make_mut(&mut msg).held = None;
+        }
         let queue_wait = now.saturating_duration_since(req.arrived);
         self.timers.remove(&(old, Timer::Request(id)));
         self.timers.insert((deadline, Timer::Request(id)));

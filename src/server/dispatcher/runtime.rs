@@ -43,6 +43,12 @@ pub enum Input {
         remote: String,
         outbound: Sender<Outbound>,
     },
+    /// A resume of a stream held on a worker (see [`Event::Attach`]).
+    Attach {
+        id: RequestId,
+        msg: crate::protocol::held::Attach,
+        reply: Sender<ClientEvent>,
+    },
     Event(Event),
     /// An operator question, answered by the dispatcher thread from its own state.
     Query(Query, Sender<Answer>),
@@ -282,6 +288,10 @@ fn route_input(
                 progress,
                 continuable,
             }
+        }
+        Input::Attach { id, msg, reply } => {
+            clients.insert(id, reply);
+            Event::Attach { id, msg }
         }
         Input::WorkerJoined {
             id,

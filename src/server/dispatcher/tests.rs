@@ -55,19 +55,7 @@ impl Harness {
     }
 
     fn join(&mut self, id: WorkerId, models: &[&str], max: u32) -> Vec<Action> {
-        let register = RegisterMessage {
-            worker_name: format!("box-{id}"),
-            models: models.iter().map(|m| m.to_string()).collect(),
-            max_concurrent: max,
-            protocol_version: Some("1".into()),
-            current_load: Some(0),
-            features: vec![],
-            loaded_models: None,
-            backend_kind: None,
-            model_info: None,
-            wake: None,
-            routes: None,
-        };
+        let register = register(id, models, max, &[]);
         self.ev(Event::WorkerJoined {
             id,
             register,
@@ -85,6 +73,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.ev(Event::Submit {
             id,
@@ -108,6 +97,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.ev(Event::Submit {
             id,
@@ -137,6 +127,7 @@ impl Harness {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         let who = Who {
             tenant: Arc::from(tenant),
@@ -173,6 +164,28 @@ impl Harness {
     }
 }
 
+/// The `register` of worker `id` (named `box-{id}`) serving `models` with `max` slots.
+pub(super) fn register(
+    id: WorkerId,
+    models: &[&str],
+    max: u32,
+    features: &[&str],
+) -> RegisterMessage {
+    RegisterMessage {
+        worker_name: format!("box-{id}"),
+        models: models.iter().map(|m| m.to_string()).collect(),
+        max_concurrent: max,
+        protocol_version: Some("1".into()),
+        current_load: Some(0),
+        features: features.iter().map(|f| f.to_string()).collect(),
+        loaded_models: None,
+        backend_kind: None,
+        model_info: None,
+        wake: None,
+        routes: None,
+    }
+}
+
 fn ok(id: RequestId) -> ResponseComplete {
     ResponseComplete {
         request_id: wire_request_id(id),
@@ -193,6 +206,7 @@ pub(super) fn chat_submit(id: RequestId, model: &str, prints: Fingerprints) -> E
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     });
     Event::Submit {
         id,
@@ -228,7 +242,7 @@ pub(super) fn failures(actions: &[Action]) -> Vec<(RequestId, Failure)> {
         .collect()
 }
 
-fn cancels(actions: &[Action]) -> Vec<(WorkerId, RequestId, CancelReason)> {
+pub(super) fn cancels(actions: &[Action]) -> Vec<(WorkerId, RequestId, CancelReason)> {
     actions
         .iter()
         .filter_map(|a| match a {

@@ -56,6 +56,7 @@ impl Dispatcher {
             protocol::FEATURE_LOAD_REPORTS,
             protocol::FEATURE_BUSY,
             protocol::affinity::FEATURE_AFFINITY_REPORTS,
+            protocol::held::FEATURE_HELD_STREAMS,
             protocol::pieces::FEATURE_ANSWER_CREDIT,
         ]
         .into_iter()
@@ -121,7 +122,7 @@ impl Dispatcher {
         self.models_version += 1;
     }
 
-    pub(super) fn worker_said(&mut self, worker: WorkerId, msg: WorkerMessage, now: Instant) {
+    pub(super) fn worker_said(&mut self, worker: WorkerId, mut msg: WorkerMessage, now: Instant) {
         let Some(w) = self.registry.get_mut(worker) else {
             return;
         };
@@ -135,6 +136,9 @@ impl Dispatcher {
             now + self.cfg.heartbeat_timeout,
             Timer::WorkerSilent(worker),
         ));
+        if !self.attaches.is_empty() && self.attach_said(worker, &mut msg) {
+            return;
+        }
         match msg {
             WorkerMessage::ResponseChunk { request_id, chunk } => {
                 self.on_chunk(worker, &request_id, chunk, now)
@@ -374,6 +378,7 @@ impl Dispatcher {
             return;
         };
         self.affinity.forget_worker(worker);
+        self.attach_worker_left(worker);
         self.box_asleep(&w, w.drain == DrainState::DrainingCloseWhenIdle);
         self.tasks_worker_left(worker, now);
         self.timers.remove(&(

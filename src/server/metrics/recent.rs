@@ -40,7 +40,7 @@ struct Bucket {
 }
 
 /// One finished request as the recent-requests table shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RecentRequest {
     pub id: String,
     pub route: String,
@@ -62,6 +62,19 @@ pub struct Recent {
     buckets: Vec<Bucket>,
     ring: VecDeque<RecentRequest>,
     ttft: VecDeque<Duration>,
+}
+
+/// Overwrites `to` with `from`, keeping its allocation.
+fn set(to: &mut String, from: &str) {
+    to.clear();
+    to.push_str(from);
+}
+
+fn set_opt(to: &mut Option<String>, from: Option<&str>) {
+    match (to.as_mut(), from) {
+        (Some(s), Some(from)) => set(s, from),
+        (_, from) => *to = from.map(str::to_string),
+    }
 }
 
 fn ms(d: Duration) -> u64 {
@@ -106,23 +119,26 @@ impl Recent {
             }
             self.ttft.push_back(t);
         }
-        if self.ring.len() == RECENT_REQUESTS {
-            self.ring.pop_back();
-        }
-        self.ring.push_front(RecentRequest {
-            id: f.id.to_string(),
-            route: f.route.to_string(),
-            model: f.model.to_string(),
-            worker: f.worker.map(str::to_string),
-            tenant: f.tenant.map(|(t, _)| t.to_string()),
-            status: f.status,
-            outcome: f.outcome.to_string(),
-            wait_ms: f.queue_wait.map(ms),
-            duration_ms: ms(f.duration),
-            ttft_ms: f.first_chunk.map(ms),
-            tokens_out: f.tokens.1,
-            finished_unix: now_unix,
-        });
+        // The oldest entry's strings are reused once the ring is full: no allocation
+        // per request for the names (they are short and alike from one to the next).
+        let mut entry = if self.ring.len() == RECENT_REQUESTS {
+            self.ring.pop_back().unwrap_or_default()
+        } else {
+            RecentRequest::default()
+        };
+        set(&mut entry.id, f.id);
+        set(&mut entry.route, f.route);
+        set(&mut entry.model, f.model);
+        set_opt(&mut entry.worker, f.worker);
+        set_opt(&mut entry.tenant, f.tenant.map(|(t, _)| t));
+        set(&mut entry.outcome, f.outcome);
+        entry.status = f.status;
+        entry.wait_ms = f.queue_wait.map(ms);
+        entry.duration_ms = ms(f.duration);
+        entry.ttft_ms = f.first_chunk.map(ms);
+        entry.tokens_out = f.tokens.1;
+        entry.finished_unix = now_unix;
+        self.ring.push_front(entry);
     }
 
     /// Buckets of the last `secs` seconds up to `now_unix` (a clock that went back
@@ -248,6 +264,28 @@ mod tests {
         assert_eq!(recent[0]["tokens_out"], RECENT_REQUESTS as u64 + 19);
         assert_eq!(recent[0]["worker"], "w1");
         assert_eq!(recent[0]["wait_ms"], 3);
+    }
+
+    #[test]
+    fn a_reused_entry_keeps_nothing_of_the_request_it_held() {
+        let mut r = Recent::default();
+        for n in 0..RECENT_REQUESTS as u64 {
+            r.record(100, &finished("completed", Some(5), n));
+        }
+        // The ring is full: the next record reuses the oldest entry's strings.
+        let mut last = finished("no_worker", None, 0);
+        (last.id, last.route, last.model) = ("r-x", "/v1/embeddings", "m");
+        (last.worker, last.tenant, last.queue_wait) = (None, None, None);
+        r.record(101, &last);
+        let v = r.view(101);
+        let newest = &v["recent"][0];
+        assert_eq!(newest["id"], "r-x");
+        assert_eq!(newest["route"], "/v1/embeddings");
+        assert_eq!(newest["model"], "m");
+        assert_eq!(newest["outcome"], "no_worker");
+        assert!(newest["worker"].is_null() && newest["tenant"].is_null());
+        assert!(newest["wait_ms"].is_null() && newest["ttft_ms"].is_null());
+        assert_eq!(v["recent"].as_array().unwrap().len(), RECENT_REQUESTS);
     }
 
     #[test]

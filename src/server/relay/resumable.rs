@@ -39,4 +39,17 @@ impl Session<'_, '_> {
             }
         }
     }
+
+    /// Appends a note of the relay's own (an SSE comment); a resumable stream does not
+    /// number it (see [`crate::server::resume::Tap::note`]).
+    pub(super) fn emit_note(&mut self, buf: &mut Vec<u8>, text: &str, framing: Framing) {
+        match &mut self.resume {
+            None => response::push_chunk(buf, text.as_bytes(), framing),
+            Some(tap) => {
+                if let Some(out) = tap.note(text) {
+                    response::push_chunk(buf, &out, framing);
+                }
+            }
+        }
+    }
 }

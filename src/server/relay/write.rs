@@ -109,7 +109,7 @@ impl Session<'_, '_> {
     pub(super) fn push_progress(&mut self, buf: &mut Vec<u8>, position: usize, eta_ms: u64) {
         let framing = self.open_stream(buf);
         let note = format!(": queued position={} eta_ms={eta_ms}\n\n", position + 1);
-        self.emit(buf, &note, framing, false);
+        self.emit_note(buf, &note, framing);
     }
 
     pub(super) fn push_final(&mut self, buf: &mut Vec<u8>, event: ClientEvent) {

@@ -49,13 +49,21 @@ pub fn serve(conn: &mut Conn, ctx: &Ctx, req: &Request, peer: IpAddr) -> bool {
         Ok(last) => last,
         Err(e) => return write_error(conn, Style::OpenAi, &e, keep, None),
     };
-    let held = match (id.len() <= MAX_ID).then(|| ctx.resume.get(id)).flatten() {
-        Some(held) => held,
-        None => return write_error(conn, Style::OpenAi, &unknown(), keep, None),
-    };
+    if id.len() > MAX_ID {
+        return write_error(conn, Style::OpenAi, &unknown(), keep, None);
+    }
     let token = match req.header("x-resume-token") {
         Some(t) => t.trim().to_string(),
         None => req.query_param("resume_token").unwrap_or_default(),
+    };
+    let held = match ctx.resume.get(id) {
+        Some(held) => held,
+        // Not held here: perhaps on a worker, for a relay that died.
+        None if !token.is_empty() && token.len() <= MAX_ID => {
+            let owner = Owner::of(&caller);
+            return super::remote::serve(conn, ctx, req, id, last, &owner, &token);
+        }
+        None => return write_error(conn, Style::OpenAi, &unknown(), keep, None),
     };
     let me = match held.attach(&Owner::of(&caller), &token, last) {
         Ok(me) => me,

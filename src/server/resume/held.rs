@@ -300,6 +300,24 @@ impl Tap {
         ]
     }
 
+    /// The `request.held` that asks the worker to keep this stream too, so it
+    /// survives this relay ([`crate::protocol::held`]).
+    pub fn worker_hold(&self) -> crate::protocol::held::Hold {
+        crate::protocol::held::Hold {
+            grace_secs: self.inner.cfg.grace.as_secs(),
+            proof: self.held.owner.proof(&self.held.token),
+        }
+    }
+
+    /// A note of the relay's own (queue progress, waking): passed to the original
+    /// connection without an id and not kept, so that ids count the worker's events
+    /// only and mean the same on a worker holding the stream.
+    pub fn note(&mut self, text: &str) -> Option<Vec<u8>> {
+        let st = self.held.state.lock();
+        self.reads = st.reader == 0 && st.attached && st.end == End::Running;
+        self.reads.then(|| text.as_bytes().to_vec())
+    }
+
     /// Whether the original connection still gets the events.
     pub fn original_reads(&self) -> bool {
         self.reads

@@ -30,6 +30,7 @@ use super::tenancy::identity::Caller;
 pub mod buffer;
 pub mod handler;
 pub mod held;
+pub mod remote;
 
 pub use held::{Held, Tap};
 
@@ -85,6 +86,12 @@ impl Owner {
             key: key.map(str::to_string),
             tenant: Arc::from(tenant),
         }
+    }
+
+    /// What a worker holding the stream checks a resume against
+    /// ([`crate::protocol::held::proof`]): the token bound to this owner.
+    pub fn proof(&self, token: &str) -> String {
+        crate::protocol::held::proof(token, self.key.as_deref(), &self.tenant)
     }
 
     pub fn of(caller: &Caller) -> Owner {

@@ -203,7 +203,8 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
     super::report_relays(shared);
     // This relay's answers can no longer be delivered: stop them at the backend (the
     // relay requeues them); the other relays' requests run on.
-    shared.inflight.cancel_relay(relay);
+    let held = shared.held.relay_lost(relay);
+    shared.inflight.cancel_relay(relay, &held);
     out.close(close_code::GOING_AWAY, "worker reconnecting");
     End::Lost(reason)
 }
@@ -242,6 +243,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         features.push(protocol::FEATURE_LOAD_REPORTS.into());
         features.push(protocol::FEATURE_BUSY.into());
         features.push(protocol::affinity::FEATURE_AFFINITY_REPORTS.into());
+        features.push(protocol::held::FEATURE_HELD_STREAMS.into());
     }
     RegisterMessage {
         worker_name: shared.cfg.name.clone(),
@@ -378,7 +380,12 @@ fn serve(
                 shared.slots.submit(shared, req, link);
             }
             ServerMessage::Cancel { request_id, reason } => {
-                if shared.inflight.cancel(link.relay, &request_id) {
+                if shared.held.cancel(link.relay, &request_id) {
+                    info!(
+                        "request {request_id}: held stream detached from relay {}",
+                        link.relay
+                    );
+                } else if shared.inflight.cancel(link.relay, &request_id) {
                     info!(
                         "request {request_id} cancelled by server ({})",
                         reason.as_str()
@@ -440,6 +447,7 @@ fn serve(
                 shared.power.sleep.answered(granted, reason)
             }
             ServerMessage::Prefixes(note) => super::affinity::pass_on(shared, link.relay, note),
+            ServerMessage::Attach(msg) => shared.held.attach(link, &msg),
             ServerMessage::AnswerCredit { request_id, until } => {
                 shared
                     .inflight

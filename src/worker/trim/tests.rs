@@ -342,6 +342,7 @@ fn request(body: &Value, headers: &[(&str, &str)]) -> RequestMessage {
             .collect(),
         body_encoding: None,
         continuation: None,
+        held: None,
     }
 }
 

@@ -80,6 +80,7 @@ impl H {
             headers: Default::default(),
             body_encoding: None,
             continuation: None,
+            held: None,
         });
         self.d.handle(
             Event::Submit {

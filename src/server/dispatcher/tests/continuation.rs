@@ -5,6 +5,10 @@ use crate::protocol::continuation::{Continuation, FEATURE_CONTINUATION};
 
 /// Joins a worker; `continues`: it lists the feature over a llama-server.
 fn join_as(h: &mut Harness, id: WorkerId, continues: bool) -> Vec<Action> {
+    join_over(h, id, continues, "llama-server")
+}
+
+fn join_over(h: &mut Harness, id: WorkerId, continues: bool, kind: &str) -> Vec<Action> {
     let register = RegisterMessage {
         worker_name: format!("box-{id}"),
         models: vec!["m".into()],
@@ -17,7 +21,7 @@ fn join_as(h: &mut Harness, id: WorkerId, continues: bool) -> Vec<Action> {
             vec![]
         },
         loaded_models: None,
-        backend_kind: Some("llama-server".into()),
+        backend_kind: Some(kind.into()),
         model_info: None,
         wake: None,
         routes: None,
@@ -30,15 +34,20 @@ fn join_as(h: &mut Harness, id: WorkerId, continues: bool) -> Vec<Action> {
 }
 
 fn original(id: RequestId) -> Arc<RequestMessage> {
+    on_route(id, "/v1/chat/completions")
+}
+
+fn on_route(id: RequestId, route: &str) -> Arc<RequestMessage> {
     Arc::new(RequestMessage {
         request_id: wire_request_id(id),
         model: "m".into(),
-        endpoint_path: "/v1/chat/completions".into(),
+        endpoint_path: route.into(),
         is_streaming: true,
         body: Arc::from("{\"model\":\"m\",\"messages\":[]}"),
         headers: Default::default(),
         body_encoding: None,
         continuation: None,
+        held: None,
     })
 }
 
@@ -236,4 +245,38 @@ fn an_interrupted_request_waits_at_most_the_queue_timeout_and_not_during_shutdow
     h.chunk(1, 1, "data: {}\n\n");
     h.ev(Event::Shutdown { timeout: 60 * S });
     assert_eq!(failures(&left(&mut h, 1)), vec![(1, Failure::WorkerLost)]);
+}
+
+#[test]
+fn a_messages_answer_goes_on_only_where_its_backend_continues_that_route() {
+    let mut h = Harness::new();
+    join_over(&mut h, 1, true, "ollama");
+    join_over(&mut h, 2, true, "vllm");
+    join_over(&mut h, 3, true, "ollama");
+    let msg = on_route(1, "/v1/messages");
+    h.ev(Event::Submit {
+        id: 1,
+        msg: msg.clone(),
+        who: Who::default(),
+        needs: Needs::default(),
+        prints: Default::default(),
+        progress: false,
+        continuable: true,
+    });
+    h.chunk(1, 1, "event: message_start\ndata: {}\n\n");
+    assert_eq!(interrupted(&left(&mut h, 1)), vec![1]);
+    let mut cont = (*msg).clone();
+    cont.continuation = Some(Continuation {
+        prefix: "Hel".into(),
+        tokens: 1,
+    });
+    let a = h.ev(Event::Continue {
+        id: 1,
+        msg: Some(Arc::new(cont)),
+    });
+    // vLLM continues chat answers, not Anthropic ones: worker 3, not the idle 2.
+    assert_eq!(continued(&a), vec![(3, "Hel".to_string())]);
+    // With only vLLM left, the next break is not continued: the old error.
+    h.chunk(3, 1, "event: content_block_delta\ndata: {}\n\n");
+    assert_eq!(failures(&left(&mut h, 3)), vec![(1, Failure::WorkerLost)]);
 }

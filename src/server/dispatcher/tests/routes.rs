@@ -9,17 +9,8 @@ const BINARY: &[&str] = &[FEATURE_BINARY_BODIES];
 
 pub(super) fn join_with(h: &mut Harness, id: WorkerId, features: &[&str], routes: Option<&[&str]>) {
     let register = RegisterMessage {
-        worker_name: format!("box-{id}"),
-        models: vec!["m".into()],
-        max_concurrent: 1,
-        protocol_version: Some("1".into()),
-        current_load: Some(0),
-        features: features.iter().map(|f| f.to_string()).collect(),
-        loaded_models: None,
-        backend_kind: None,
-        model_info: None,
-        wake: None,
         routes: routes.map(|r| r.iter().map(|p| p.to_string()).collect()),
+        ..register(id, &["m"], 1, features)
     };
     h.ev(Event::WorkerJoined {
         id,
@@ -59,6 +50,7 @@ pub(super) fn submit_with(
         headers: Default::default(),
         body_encoding: encoding.map(str::to_string),
         continuation: None,
+        held: None,
     });
     h.ev(Event::Submit {
         id,
