@@ -35,12 +35,7 @@ const CLIENTS: usize = 12;
 const AFTER_KILL: usize = 200;
 
 fn haproxy_proc(layout: &haproxy::Layout, bin: &std::path::Path, dir: &std::path::Path) -> Proc {
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(&cfg, layout.config()).expect("write haproxy.cfg");
-    let cfg = cfg.to_string_lossy().into_owned();
-    // -db: foreground, no daemon; -W would fork a master, which Proc could not kill.
-    let bin = bin.to_string_lossy().into_owned();
-    let proc = Proc::spawn_args(&bin, &["-db", "-f", &cfg], &[]);
+    let proc = Proc::haproxy(bin, &layout.config(), dir);
     wait_until("HAProxy sees three relays up", || {
         haproxy::all_up(&layout.stats, 3)
     });

@@ -80,6 +80,22 @@ fn kill(relay: &mut ServerProc, worker: &Proc) {
     worker.wait_line(HELD);
 }
 
+/// Reads `resumed` on from the event after `last` to `[DONE]`: every id in order, each
+/// event the backend's word of that number, and the answer's full length.
+fn read_rest(resumed: &mut Client, last: u64) {
+    let mut id = last;
+    loop {
+        let got = resumed.next_event().expect("the body goes on to [DONE]");
+        assert_eq!(got.id, id + 1, "none lost or repeated");
+        id = got.id;
+        if got.data == "[DONE]" {
+            break;
+        }
+        assert_eq!(word(&got.data), Some(format!("w{id} ")));
+    }
+    assert_eq!(id as usize, EVENTS + 1);
+}
+
 #[test]
 fn a_stream_survives_its_relay_and_resumes_through_another_whole_and_once() {
     let backend = backend::start(EVENTS);
@@ -205,17 +221,7 @@ fn with_its_relay_alive_a_stream_moves_to_the_relay_the_client_resumed_through()
     pair.a.proc.wait_line("outcome=client_disconnect");
     pair.worker.wait_line("held stream detached");
     backend.gate.allow(EVENTS + 1);
-    let mut id = 8;
-    loop {
-        let got = resumed.next_event().expect("the body goes on to [DONE]");
-        assert_eq!(got.id, id + 1);
-        id = got.id;
-        if got.data == "[DONE]" {
-            break;
-        }
-        assert_eq!(word(&got.data), Some(format!("w{id} ")));
-    }
-    assert_eq!(id as usize, EVENTS + 1);
+    read_rest(&mut resumed, 8);
     assert!(backend.cancels.try_recv().is_err(), "never cancelled");
 }
 
@@ -240,10 +246,7 @@ fn through_haproxy_a_stream_survives_the_relay_it_went_through() {
         relays: vec![pair.a.addr, pair.b.addr],
         stats: dir.join("haproxy.sock"),
     };
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(&cfg, layout.config()).expect("write haproxy.cfg");
-    let cfg = cfg.to_string_lossy().into_owned();
-    let _haproxy = Proc::spawn_args(&bin.to_string_lossy(), &["-db", "-f", &cfg], &[]);
+    let _haproxy = Proc::haproxy(&bin, &layout.config(), &dir);
     wait_until("HAProxy sees both relays up", || {
         haproxy::all_up(&layout.stats, 2)
     });
@@ -273,17 +276,7 @@ fn through_haproxy_a_stream_survives_the_relay_it_went_through() {
     assert_eq!(resumed.status, 200);
     assert_ne!(resumed.header("x-relay"), Some(went.as_str()));
     backend.gate.allow(EVENTS + 1);
-    let mut id = 4;
-    loop {
-        let got = resumed.next_event().expect("the body goes on to [DONE]");
-        assert_eq!(got.id, id + 1);
-        id = got.id;
-        if got.data == "[DONE]" {
-            break;
-        }
-        assert_eq!(word(&got.data), Some(format!("w{id} ")));
-    }
-    assert_eq!(id as usize, EVENTS + 1);
+    read_rest(&mut resumed, 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -305,15 +298,6 @@ fn a_client_that_drops_again_resumes_again_through_the_other_relay() {
     let mut again = Client::resume(pair.b.addr, &url, 5, &[]);
     assert_eq!(again.status, 200);
     backend.gate.allow(EVENTS + 1);
-    let mut id = 5;
-    loop {
-        let got = again.next_event().expect("the body goes on to [DONE]");
-        assert_eq!(got.id, id + 1, "none lost or repeated");
-        id = got.id;
-        if got.data == "[DONE]" {
-            break;
-        }
-        assert_eq!(word(&got.data), Some(format!("w{id} ")));
-    }
+    read_rest(&mut again, 5);
     assert!(backend.cancels.try_recv().is_err(), "never cancelled");
 }

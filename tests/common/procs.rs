@@ -26,6 +26,15 @@ impl Proc {
     }
 
     /// [`Proc::spawn`] with command-line arguments (another program, e.g. HAProxy).
+    /// HAProxy from `bin` with `config` written into `dir`, in the foreground (`-db`;
+    /// `-W` would fork a master, which `Proc` could not kill).
+    pub fn haproxy(bin: &std::path::Path, config: &str, dir: &std::path::Path) -> Proc {
+        let cfg = dir.join("haproxy.cfg");
+        std::fs::write(&cfg, config).expect("write haproxy.cfg");
+        let cfg = cfg.to_string_lossy().into_owned();
+        Proc::spawn_args(&bin.to_string_lossy(), &["-db", "-f", &cfg], &[])
+    }
+
     pub fn spawn_args(bin: &str, args: &[&str], env: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(bin);
         cmd.args(args)
