@@ -25,7 +25,6 @@ impl Proc {
         Proc::spawn_args(bin, &[], env)
     }
 
-    /// [`Proc::spawn`] with command-line arguments (another program, e.g. HAProxy).
     /// HAProxy from `bin` with `config` written into `dir`, in the foreground (`-db`;
     /// `-W` would fork a master, which `Proc` could not kill).
     pub fn haproxy(bin: &std::path::Path, config: &str, dir: &std::path::Path) -> Proc {
@@ -35,6 +34,7 @@ impl Proc {
         Proc::spawn_args(&bin.to_string_lossy(), &["-db", "-f", &cfg], &[])
     }
 
+    /// [`Proc::spawn`] with command-line arguments (another program, e.g. HAProxy).
     pub fn spawn_args(bin: &str, args: &[&str], env: &[(&str, String)]) -> Proc {
         let mut cmd = Command::new(bin);
         cmd.args(args)
