@@ -20,6 +20,20 @@ pub fn binary() -> Option<PathBuf> {
     on_path.or_else(|| Some(PathBuf::from("/usr/sbin/haproxy")).filter(|p| p.is_file()))
 }
 
+/// The binary for a test that needs HAProxy: `None` (the test skips) only outside CI,
+/// where it may be missing; under CI (`.ci/run` installs it) its absence fails the test.
+pub fn binary_for_test() -> Option<PathBuf> {
+    let bin = binary();
+    if bin.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "haproxy is required under CI (.ci/run installs it)"
+        );
+        eprintln!("skipped: haproxy not installed");
+    }
+    bin
+}
+
 /// Where HAProxy listens and what it spreads over.
 pub struct Layout {
     /// The address clients use.
