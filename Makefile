@@ -29,7 +29,9 @@ STATIC_FLAGS = $(if $(findstring musl,$(TARGET)),-C target-feature=+crt-static$(
 # little more (x86_64 .eh_frame 180 -> 164 KB): with LTO the standard library's bitcode
 # brings most tables back, so a panic's backtrace still works.
 ROUTER_FLAGS = -C force-unwind-tables=no
-ROUTER_ENV = $(if $(MINIMAL),CARGO_PROFILE_RELEASE_PANIC=abort,)
+# It is also optimised for size at any price (opt-level "z"; the default build uses "s",
+# which costs about 150 KB and saves about 15% CPU per request under load).
+ROUTER_ENV = $(if $(MINIMAL),CARGO_PROFILE_RELEASE_PANIC=abort CARGO_PROFILE_RELEASE_OPT_LEVEL=z,)
 # Windows gets the worker only (the server is for the always-on box).
 BINS = $(if $(findstring windows,$(TARGET)),modelrelay-worker,modelrelay-server modelrelay-worker)
 EXE = $(if $(findstring windows,$(TARGET)),.exe,)

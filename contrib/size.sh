@@ -10,8 +10,8 @@ target=${1:-x86_64-unknown-linux-musl}
 
 # build name, make arguments, server budget, worker budget (bytes; - : none).
 builds=(
-  "default||2200000|2500000"
-  "minimal|FEATURES=minimal|1500000|-"
+  "default||2400000|2700000"
+  "minimal|FEATURES=minimal|1700000|-"
   "notls|NO_TLS=1|-|-"
   "server-tls|FEATURES=server-tls|-|-"
 )

@@ -26,7 +26,8 @@
 //! `BENCH_SECS` sets the throughput window (default 3); `BENCH_LOAD=host:port` only
 //! measures sequential latency and drives `BENCH_CLIENTS` (default 8) clients against
 //! that address (for profiling and A/B runs of two builds); `BENCH_PROFILE=clients` runs
-//! only the relay core under that load, printing its server's pid first. `BENCH_BIN_DIR=dir` runs the
+//! only the relay core under that load, printing its server's pid first (`BENCH_PROFILE_E2E=clients`
+//! the same end to end, printing the server's and the worker's). `BENCH_BIN_DIR=dir` runs the
 //! `modelrelay-server` and `modelrelay-worker` found there instead of the ones built beside
 //! the bench (`make bench-compare` runs two builds that way, alternating). `BENCH_ORIG=dir`
 //! runs the original ModelRelay's binaries from there: its fake workers then register with
@@ -105,6 +106,13 @@ fn main() {
         .and_then(|s| s.parse().ok())
     {
         profile_core(clients, window);
+        return;
+    }
+    if let Some(clients) = std::env::var("BENCH_PROFILE_E2E")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        profile_e2e(clients, window);
         return;
     }
     let (backend, observed) = FakeBackend::new(MODEL, ANSWER).observed();
@@ -222,6 +230,27 @@ fn profile_core(clients: usize, window: Duration) {
     let load = throughput(server.addr, clients, window, &chat(false), &[server.pid()]);
     println!("requests/s, {clients} clients: {:.0}", load.rps);
     cpu_rows(&format!("{clients} clients"), &load, &["server"]);
+}
+
+/// `BENCH_PROFILE_E2E=clients`: server, worker binary and fake backend under that many
+/// clients for the window, both pids printed first (for `perf record -p`), then the CPU rows.
+fn profile_e2e(clients: usize, window: Duration) {
+    let backend_addr = FakeBackend::new(MODEL, ANSWER)
+        .spawn("127.0.0.1:0")
+        .expect("backend");
+    let server = ServerProcess::start();
+    let worker = WorkerProcess::start(server.addr, backend_addr, "64");
+    wait_ready(server.addr, 1);
+    println!(
+        "server pid {} worker pid {} at {}",
+        server.pid(),
+        worker.pid(),
+        server.addr
+    );
+    let pids = [server.pid(), worker.pid()];
+    let load = throughput(server.addr, clients, window, &chat(false), &pids);
+    println!("requests/s, {clients} clients: {:.0}", load.rps);
+    cpu_rows(&format!("{clients} clients"), &load, &["server", "worker"]);
 }
 
 /// Prints latency, stream and throughput figures for `relay` next to `direct`, and what

@@ -120,6 +120,19 @@ impl Stream {
         self.sock.set_write_timeout(t)
     }
 
+    /// Sends as much of `buf` as the socket takes without blocking and returns how much
+    /// that was; 0 when it takes nothing now. Only plain TCP on Unix sends here (one
+    /// `send` with `MSG_DONTWAIT`, which leaves the socket's blocking mode, shared with
+    /// its clones, alone); a TLS session or another platform always answers 0, so the
+    /// caller hands the bytes to a thread that may block.
+    pub fn send_now(&self, buf: &[u8]) -> io::Result<usize> {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return Ok(0);
+        }
+        send_now(&self.sock, buf)
+    }
+
     /// Closes both directions (a TLS close_notify is attempted first); blocked reads and
     /// writes on any clone return at once.
     pub fn shutdown(&self) {
@@ -345,4 +358,32 @@ pub mod tls {
             .with_no_client_auth();
         Ok(Arc::new(config))
     }
+}
+
+#[cfg(unix)]
+fn send_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is a live slice of `buf.len()` bytes and the descriptor belongs to
+    // `sock`, which outlives the call.
+    let sent = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if sent >= 0 {
+        return Ok(sent.unsigned_abs());
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+        _ => Err(e),
+    }
+}
+
+#[cfg(not(unix))]
+fn send_now(_sock: &TcpStream, _buf: &[u8]) -> io::Result<usize> {
+    Ok(0)
 }

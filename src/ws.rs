@@ -1,19 +1,13 @@
 //! WebSocket plumbing shared by the server's worker sockets and the worker daemon.
 //!
-//! Each socket has one reader thread and one writer thread, each with its own
-//! [`WebSocketContext`] over its own clone of the [`Stream`], so a blocked read never
-//! holds up a write. Control replies the reading context produces (pong, close echo) are
-//! captured by [`ReadHalf`] and handed to the writer, so frames never interleave.
+//! Each socket has one reader with its own [`WebSocketContext`] over its own clone of the
+//! [`Stream`](crate::net::Stream), so a blocked read never holds up a write. Control replies the reading
+//! context produces (pong, close echo) are captured by [`ReadHalf`] and handed to the
+//! socket's writing side, so frames never interleave.
 //! Large text messages are split into frames of at most [`FRAME_BYTES`], because
 //! deployed peers refuse frames above 16 MiB.
 
 use std::io::{self, Read, Write};
-use std::time::Duration;
-
-use crossbeam_channel::Receiver;
-use serde::Serialize;
-
-use crate::net::Stream;
 
 use tungstenite::protocol::frame::coding::{Data, OpCode};
 use tungstenite::protocol::frame::Frame;
@@ -130,58 +124,36 @@ impl<S: Read + Write> Writer<S> {
     }
 }
 
+/// Appends `payload` as the unmasked text frames a server sends: one frame, or
+/// fragments of at most [`FRAME_BYTES`] when it is larger.
+pub fn server_frames(out: &mut Vec<u8>, payload: &[u8]) {
+    use tungstenite::protocol::frame::FrameHeader;
+    let parts: Vec<&[u8]> = if payload.is_empty() {
+        vec![payload]
+    } else {
+        payload.chunks(FRAME_BYTES).collect()
+    };
+    let last = parts.len() - 1;
+    out.reserve(payload.len() + 10 * parts.len());
+    for (i, part) in parts.into_iter().enumerate() {
+        let header = FrameHeader {
+            is_final: i == last,
+            opcode: if i == 0 {
+                OpCode::Data(Data::Text)
+            } else {
+                OpCode::Data(Data::Continue)
+            },
+            ..FrameHeader::default()
+        };
+        // Writing into a Vec cannot fail.
+        let _ = header.format(part.len() as u64, out);
+        out.extend_from_slice(part);
+    }
+}
+
 /// WebSocket close codes we use.
 pub mod close_code {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL: u16 = 1002;
-}
-
-/// What a socket's writer thread is asked to do.
-#[derive(Debug)]
-pub enum Outgoing<M> {
-    /// Serialize and send one protocol message.
-    Message(M),
-    /// Control-frame bytes captured by the reader (pong, close echo).
-    Raw(Vec<u8>),
-    /// Send a close frame with this code and reason, then shut the socket down.
-    Close(u16, String),
-}
-
-/// The writer thread body shared by both binaries: writes queued items, batching whatever
-/// is ready into one flush (no timer, no polling), until asked to close, until every
-/// sender is dropped, or until the socket fails. It then closes and shuts the socket
-/// down, which also ends the reader blocked on it.
-pub fn write_loop<M: Serialize>(
-    stream: Stream,
-    queue: Receiver<Outgoing<M>>,
-    role: Role,
-    max: usize,
-    write_timeout: Duration,
-) {
-    let _ = stream.set_write_timeout(Some(write_timeout));
-    let mut w = Writer::new(stream, role, max);
-    let mut close = (close_code::GOING_AWAY, String::from("closing"));
-    'socket: while let Ok(first) = queue.recv() {
-        let mut next = Some(first);
-        while let Some(item) = next {
-            let written = match item {
-                Outgoing::Message(msg) => w.text(crate::protocol::to_json(&msg)),
-                Outgoing::Raw(bytes) => w.raw(&bytes),
-                Outgoing::Close(code, reason) => {
-                    close = (code, reason);
-                    break 'socket;
-                }
-            };
-            if written.is_err() {
-                break 'socket;
-            }
-            next = queue.try_recv().ok();
-        }
-        if w.flush().is_err() {
-            break;
-        }
-    }
-    let _ = w.close(close.0, &close.1);
-    w.stream.shutdown();
 }

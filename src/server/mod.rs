@@ -7,7 +7,8 @@
 //!                               dispatcher thread (runtime.rs) ─ owns ─► Dispatcher
 //!                                                   ▲                    (registry, queue,
 //!  workers ──WebSocket──► worker_socket (reader) ───┘                     timers, requests)
-//!                          worker_socket (writer) ◄── Outbound ───────────┘
+//!           ◄── sent at once by the dispatcher ── worker_link ◄───────────┘
+//!           ◄── or, when the socket is full, by its writer thread
 //! ```
 //!
 //! Every decision is made by the [`dispatcher::Dispatcher`] state machine; the threads
@@ -49,6 +50,7 @@ pub mod status;
 pub mod store;
 pub mod tenancy;
 pub mod usage;
+pub mod worker_link;
 pub mod worker_socket;
 
 use std::io::Write;

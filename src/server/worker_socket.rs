@@ -1,6 +1,6 @@
 //! The worker side of the server: `GET /v1/worker/connect` upgrades to a WebSocket,
 //! after which this connection's thread becomes the socket's reader and a second thread
-//! its writer.
+//! its writer for whatever cannot be sent at once ([`WorkerLink`]).
 //!
 //! Authentication happens before the upgrade: provider, secret (`X-Worker-Secret`, or the
 //! legacy `worker_secret` query parameter) compared in constant time, and a per-IP
@@ -17,15 +17,16 @@ use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
 use super::auth::authorize_worker;
-use super::dispatcher::runtime::{Input, Outbound};
+use super::dispatcher::runtime::Input;
 use super::dispatcher::{Event, WorkerId};
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::reply::write_error;
+use super::worker_link::WorkerLink;
 use super::Ctx;
 use crate::net::Stream;
 use crate::protocol::{RegisterMessage, WorkerMessage};
-use crate::ws::{self, close_code, Outgoing, ReadHalf, Writer};
+use crate::ws::{self, close_code, ReadHalf, Writer};
 
 /// How long a new socket may take to send `register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -108,11 +109,15 @@ fn serve(stream: Stream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
     let _ = stream.set_read_timeout(None);
 
     let id = ctx.next_worker_id();
-    let (outbound, queue) = crossbeam_channel::unbounded();
+    let Ok(send_stream) = stream.try_clone() else {
+        return;
+    };
+    let link = Arc::new(WorkerLink::new(send_stream));
+    let writer = link.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("worker-w{id}-tx"))
         .stack_size(super::THREAD_STACK)
-        .spawn(move || ws::write_loop(stream, queue, Role::Server, max, WRITE_TIMEOUT));
+        .spawn(move || writer.write_loop(stream, max, WRITE_TIMEOUT));
     if spawned.is_err() {
         warn!("could not start a writer thread for worker socket from {remote}");
         return;
@@ -121,15 +126,18 @@ fn serve(stream: Stream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
         id,
         register,
         remote,
-        outbound: outbound.clone(),
+        link: link.clone(),
     };
     if ctx.inputs.send(joined).is_err() {
+        link.close(close_code::GOING_AWAY, "server stopping".into());
         return;
     }
-    let reason = read_loop(id, &mut rctx, &mut reader, ctx, &outbound);
+    let reason = read_loop(id, &mut rctx, &mut reader, ctx, &link);
     let _ = ctx
         .inputs
         .send(Input::Event(Event::WorkerLeft { id, reason }));
+    // Ends the writer thread once anything still queued is out.
+    link.close(close_code::GOING_AWAY, "closing".into());
 }
 
 fn read_register(
@@ -158,12 +166,12 @@ fn read_loop(
     rctx: &mut WebSocketContext,
     reader: &mut ReadHalf<Stream>,
     ctx: &Ctx,
-    outbound: &crossbeam_channel::Sender<Outbound>,
+    link: &WorkerLink,
 ) -> String {
     loop {
         let result = rctx.read(reader);
         if let Some(bytes) = reader.take_pending() {
-            let _ = outbound.send(Outgoing::Raw(bytes));
+            link.send_frames(bytes);
         }
         match result {
             Ok(Message::Text(text)) => match WorkerMessage::parse(&text) {

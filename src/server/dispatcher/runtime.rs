@@ -15,12 +15,10 @@ use super::{
     Action, ClientEvent, Counters, Dispatcher, Event, Gauges, Health, LiveLoad, RequestId, Who,
     WorkerId,
 };
-use crate::protocol::{RegisterMessage, RequestMessage, ServerMessage};
+use crate::protocol::{RegisterMessage, RequestMessage};
 use crate::server::shared::Shared;
-use crate::ws::{close_code, Outgoing};
-
-/// What a worker's writer thread is asked to put on the socket.
-pub type Outbound = Outgoing<ServerMessage>;
+use crate::server::worker_link::{self, WorkerLink};
+use crate::ws::close_code;
 
 /// Inputs from the socket threads: an [`Event`] plus the channels that go with it.
 #[derive(Debug)]
@@ -41,7 +39,7 @@ pub enum Input {
         id: WorkerId,
         register: RegisterMessage,
         remote: String,
-        outbound: Sender<Outbound>,
+        link: Arc<WorkerLink>,
     },
     /// A resume of a stream held on a worker (see [`Event::Attach`]).
     Attach {
@@ -198,7 +196,7 @@ pub fn run(
 ) {
     let mut sleepers_version = core.sleepers().version();
     let mut clients: HashMap<RequestId, Sender<ClientEvent>> = HashMap::new();
-    let mut workers: HashMap<WorkerId, Sender<Outbound>> = HashMap::new();
+    let mut workers = Links::default();
     let mut models_version = u64::MAX;
     loop {
         let received = match core.next_deadline() {
@@ -246,7 +244,7 @@ fn take(
     core: &mut Dispatcher,
     input: Input,
     clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
-    workers: &mut HashMap<WorkerId, Sender<Outbound>>,
+    workers: &mut Links,
     now: Instant,
 ) -> Vec<Action> {
     match input {
@@ -265,7 +263,7 @@ fn take(
 fn route_input(
     input: Input,
     clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
-    workers: &mut HashMap<WorkerId, Sender<Outbound>>,
+    workers: &mut Links,
 ) -> Event {
     match input {
         Input::Submit {
@@ -297,9 +295,9 @@ fn route_input(
             id,
             register,
             remote,
-            outbound,
+            link,
         } => {
-            workers.insert(id, outbound);
+            workers.insert(id, link);
             Event::WorkerJoined {
                 id,
                 register,
@@ -308,7 +306,9 @@ fn route_input(
         }
         Input::Event(event) => {
             if let Event::WorkerLeft { id, .. } = &event {
-                workers.remove(id);
+                if let Some(link) = workers.remove(id) {
+                    link.close(close_code::GOING_AWAY, "closing".into());
+                }
             }
             event
         }
@@ -451,25 +451,66 @@ fn sleeper_infos(core: &Dispatcher) -> Vec<SleeperInfo> {
         .collect()
 }
 
-/// Carries out actions; returns true when the process should exit.
+/// The worker sockets' sending halves. Dropping it (the dispatcher stops) closes them.
+#[derive(Default)]
+struct Links(HashMap<WorkerId, Arc<WorkerLink>>);
+
+impl std::ops::Deref for Links {
+    type Target = HashMap<WorkerId, Arc<WorkerLink>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Links {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for link in self.0.values() {
+            link.close(close_code::GOING_AWAY, "closing".into());
+        }
+    }
+}
+
+/// Carries out actions; returns true when the process should exit. The messages for a
+/// worker are framed into one buffer and sent together once the batch is done (or before
+/// its socket is closed), so a burst costs one `send` per socket.
 fn execute(
     actions: Vec<Action>,
     clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
-    workers: &mut HashMap<WorkerId, Sender<Outbound>>,
+    workers: &mut Links,
 ) -> bool {
     let mut exit = false;
+    let mut frames: Vec<(WorkerId, Vec<u8>)> = Vec::new();
     for action in actions {
         match action {
             Action::ToWorker(id, msg) => {
-                if let Some(tx) = workers.get(&id) {
-                    // A closed channel means the socket is going away; its WorkerLeft
-                    // event is already on its way to us.
-                    let _ = tx.send(Outgoing::Message(msg));
+                if !workers.contains_key(&id) {
+                    // The socket is going away; its WorkerLeft event is on its way to us.
+                    continue;
                 }
+                let at = match frames.iter().position(|(w, _)| *w == id) {
+                    Some(at) => at,
+                    None => {
+                        frames.push((id, Vec::new()));
+                        frames.len() - 1
+                    }
+                };
+                worker_link::push_message(&mut frames[at].1, &msg);
             }
             Action::CloseWorker(id, reason) => {
-                if let Some(tx) = workers.remove(&id) {
-                    let _ = tx.send(Outgoing::Close(close_code_for(&reason), reason));
+                if let Some(at) = frames.iter().position(|(w, _)| *w == id) {
+                    let (_, bytes) = frames.swap_remove(at);
+                    if let Some(link) = workers.get(&id) {
+                        link.send_frames(bytes);
+                    }
+                }
+                if let Some(link) = workers.remove(&id) {
+                    link.close(close_code_for(&reason), reason);
                 }
             }
             Action::ToClient(id, event) => {
@@ -484,6 +525,11 @@ fn execute(
             }
             Action::SendWake(name, wake) => crate::server::power::send_wake(&name, &wake),
             Action::Exit => exit = true,
+        }
+    }
+    for (id, bytes) in frames {
+        if let Some(link) = workers.get(&id) {
+            link.send_frames(bytes);
         }
     }
     exit
