@@ -7,7 +7,7 @@
 //! * added latency p50/p99 of sequential non-streaming requests (one keep-alive client),
 //! * stream time-to-first-chunk and largest gap between chunks,
 //! * requests/s with 8 and 64 concurrent keep-alive clients, and latency p50/p99 at 64
-//!   (relay / direct: the issue 14 figure), and at each the CPU time per request
+//!   (relay / direct), streams/s with 32 streaming clients, and at each the CPU time per request
 //!   (user + system, all threads) and context switches per request of every relay process
 //!   (server; server and worker end to end; the forwarders of the floor): CPU per request
 //!   is the figure to judge a change by on a busy machine, throughput the noisy one,
@@ -300,6 +300,11 @@ fn compare(direct: SocketAddr, relay: SocketAddr, window: Duration, watch: &[(&s
         }
         cpu_rows(&format!("{clients} clients"), &r, &names);
     }
+    // Streams under load: each client reads its whole SSE answer before the next.
+    let direct_streams = throughput(direct, 32, window, &openai, &[]);
+    let relay_streams = throughput(relay, 32, window, &openai, &pids);
+    row_rps("streams/s, 32 clients", &direct_streams, &relay_streams);
+    cpu_rows("32 streaming clients", &relay_streams, &names);
     // Ollama streaming next to OpenAI streaming, both through the relay; a wider name
     // column, so these rows have their own header.
     let Some(o) = o else { return };

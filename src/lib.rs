@@ -22,6 +22,7 @@
 //! No async runtime: OS threads and crossbeam channels, with one dispatcher thread that
 //! alone owns the queue and the registry.
 
+mod allocator;
 pub mod cli;
 pub mod clock;
 #[doc(hidden)]

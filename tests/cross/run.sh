@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cross suite (issue 15): the binaries for other machines, run.
 #
-#  * x86_64-unknown-linux-musl, natively: the same checks as below without an emulator.
+#  * x86_64-unknown-linux-musl, natively: the same checks as below without an emulator,
+#    built with the opt-in mimalloc allocator.
 #  * aarch64-unknown-linux-musl and armv7-unknown-linux-musleabihf, under qemu-user: the
 #    server and the worker of that target start, the worker registers, curl gets the demo
 #    backend's answer through them (plain and streaming), over plain HTTP/WS and over
@@ -119,7 +120,7 @@ PKI=no
 if command -v openssl >/dev/null && make_pki; then PKI=yes; fi
 
 # Builds (or finds) the binaries of target $1 into BIN; the feature set is server-tls, so
-# the same binaries serve the plain and the TLS runs.
+# the same binaries serve the plain and the TLS runs (x86_64 musl: mimalloc as well).
 build_target() {
   local t=$1 started=$SECONDS
   if [ -n "${MODELRELAY_CROSS_BIN_DIR:-}" ]; then
@@ -128,6 +129,9 @@ build_target() {
   fi
   BIN=$CROSS_TARGET_DIR/$t/cross-test
   local what=(--bins --features server-tls)
+  # The native musl pair also runs on the opt-in mimalloc allocator (the ARM pairs keep
+  # musl's own), so that feature is exercised end to end too.
+  [ "$t" = x86_64-unknown-linux-musl ] && what=(--bins --features "server-tls mimalloc")
   [[ $t == *windows* ]] && what=(--bin modelrelay-worker)
   if CARGO_TARGET_DIR=$CROSS_TARGET_DIR contrib/cross/cargo.sh "$t" build --quiet --profile cross-test "${what[@]}"; then
     ok "$t: cross build ($((SECONDS - started)) s)"
