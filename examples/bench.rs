@@ -37,6 +37,10 @@
 //! server speaking our protocol version) are left out (`make bench-orig ORIG=dir` runs
 //! it alternating with this checkout's build).
 
+#[path = "support/bench_cancel.rs"]
+mod bench_cancel;
+#[path = "support/bench_profile.rs"]
+mod bench_profile;
 #[path = "support/fake_backend.rs"]
 mod fake_backend;
 #[path = "support/forwarder.rs"]
@@ -56,10 +60,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
-use fake_backend::{FakeBackend, Observed};
+use fake_backend::FakeBackend;
 use forwarder::Chain;
-use http_load::{sequential, streams, throughput, Client, Samples, OPENAI_PATH};
+use http_load::{sequential, streams, throughput, Client, OPENAI_PATH};
 use modelrelay::protocol::{
     to_json, ResponseComplete, ServerMessage, WorkerMessage, BRIDGE_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
@@ -105,19 +108,19 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        profile_core(clients, window);
+        bench_profile::profile_core(clients, window);
         return;
     }
     if let Some(clients) = std::env::var("BENCH_PROFILE_E2E")
         .ok()
         .and_then(|s| s.parse().ok())
     {
-        profile_e2e(clients, window);
+        bench_profile::profile_e2e(clients, window);
         return;
     }
     let (backend, observed) = FakeBackend::new(MODEL, ANSWER).observed();
     // Requests are reported on `observed`; only the cancel measurement reads it.
-    let observed = drain_requests(observed);
+    let observed = bench_cancel::drain_requests(observed);
     let backend_addr = backend.clone().spawn("127.0.0.1:0").expect("backend");
 
     println!("== relay core: server binary + 4 fake workers answering from memory (loopback)");
@@ -202,7 +205,7 @@ fn main() {
     if original() {
         return;
     }
-    let cancel = cancel_latency(backend_addr, &observed, 20);
+    let cancel = bench_cancel::cancel_latency(backend_addr, &observed, 20);
     println!(
         "{:<44} {:>12} {:>12.3}",
         "worker: cancel -> backend socket closed p50 (ms)",
@@ -215,42 +218,6 @@ fn main() {
         "",
         cancel.max().as_secs_f64() * 1000.0
     );
-}
-
-/// `BENCH_PROFILE=clients`: the relay core alone under that many clients for the window,
-/// its server's pid printed first (for `perf record -p`), then its CPU rows.
-fn profile_core(clients: usize, window: Duration) {
-    let backend = FakeBackend::new(MODEL, ANSWER);
-    let server = ServerProcess::start();
-    for _ in 0..4 {
-        spawn_fake_worker(server.addr, MODEL, 64, backend.clone());
-    }
-    wait_ready(server.addr, 4);
-    println!("server pid {} at {}", server.pid(), server.addr);
-    let load = throughput(server.addr, clients, window, &chat(false), &[server.pid()]);
-    println!("requests/s, {clients} clients: {:.0}", load.rps);
-    cpu_rows(&format!("{clients} clients"), &load, &["server"]);
-}
-
-/// `BENCH_PROFILE_E2E=clients`: server, worker binary and fake backend under that many
-/// clients for the window, both pids printed first (for `perf record -p`), then the CPU rows.
-fn profile_e2e(clients: usize, window: Duration) {
-    let backend_addr = FakeBackend::new(MODEL, ANSWER)
-        .spawn("127.0.0.1:0")
-        .expect("backend");
-    let server = ServerProcess::start();
-    let worker = WorkerProcess::start(server.addr, backend_addr, "64");
-    wait_ready(server.addr, 1);
-    println!(
-        "server pid {} worker pid {} at {}",
-        server.pid(),
-        worker.pid(),
-        server.addr
-    );
-    let pids = [server.pid(), worker.pid()];
-    let load = throughput(server.addr, clients, window, &chat(false), &pids);
-    println!("requests/s, {clients} clients: {:.0}", load.rps);
-    cpu_rows(&format!("{clients} clients"), &load, &["server", "worker"]);
 }
 
 /// Prints latency, stream and throughput figures for `relay` next to `direct`, and what
@@ -567,71 +534,6 @@ fn paced_cpu(server: &ServerProcess) {
         100.0 * cpu.as_secs_f64() / over.as_secs_f64(),
         format!("{}ms/{}s", cpu.as_millis(), over.as_secs())
     );
-}
-
-/// Keeps only the "connection closed" observations (requests are counted elsewhere).
-fn drain_requests(observed: Receiver<Observed>) -> Receiver<Duration> {
-    let (tx, rx) = crossbeam_channel::unbounded();
-    std::thread::spawn(move || {
-        for o in observed {
-            if let Observed::ClientClosed(_) = o {
-                let _ = tx.send(Duration::ZERO);
-            }
-        }
-    });
-    rx
-}
-
-/// The worker's own cancel latency: a minimal in-process server registers the real
-/// worker, dispatches a streaming request the backend holds open, sends `cancel`, and
-/// times how long until the backend sees its connection closed.
-fn cancel_latency(backend: SocketAddr, closed: &Receiver<Duration>, rounds: usize) -> Samples {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let worker = WorkerProcess::start(addr, backend, "1");
-    let (stream, _) = listener.accept().expect("worker connects");
-    stream.set_nodelay(true).ok();
-    let mut ws = tungstenite::accept(stream).expect("upgrade");
-    let _register = ws.read().expect("register");
-    let ack = r#"{"type":"register_ack","worker_id":"w-bench","models":["bench"],"protocol_version":"1"}"#;
-    ws.send(Message::text(ack)).expect("ack");
-    let mut out = Vec::new();
-    for i in 0..rounds {
-        let id = format!("r-{i}");
-        let body = format!(r#"{{\"model\":\"{MODEL}\",\"stream\":true,\"scenario\":\"hang\"}}"#);
-        let req = format!(
-            r#"{{"type":"request","request_id":"{id}","model":"{MODEL}","endpoint_path":"/v1/chat/completions","is_streaming":true,"body":"{body}"}}"#
-        );
-        ws.send(Message::text(req)).expect("request");
-        // Wait for the first chunk: the backend is now holding the stream open.
-        loop {
-            let Ok(Message::Text(t)) = ws.read() else {
-                continue;
-            };
-            if t.contains("response_chunk") {
-                break;
-            }
-        }
-        let cancel =
-            format!(r#"{{"type":"cancel","request_id":"{id}","reason":"client_disconnect"}}"#);
-        let t0 = Instant::now();
-        ws.send(Message::text(cancel)).expect("cancel");
-        closed
-            .recv_timeout(Duration::from_secs(10))
-            .expect("backend saw the close");
-        out.push(t0.elapsed());
-        // Consume the worker's note that the request is over.
-        loop {
-            let Ok(Message::Text(t)) = ws.read() else {
-                continue;
-            };
-            if t.contains("\"error\"") || t.contains("response_complete") {
-                break;
-            }
-        }
-    }
-    drop(worker);
-    Samples(out)
 }
 
 /// Waits until the relay's `/health` counts `workers` connected (a field both relays
