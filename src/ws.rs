@@ -1,9 +1,9 @@
 //! WebSocket plumbing shared by the server's worker sockets and the worker daemon.
 //!
-//! Each socket has one reader with its own [`WebSocketContext`] over its own clone of the
-//! [`Stream`](crate::net::Stream), so a blocked read never holds up a write. Control replies the reading
-//! context produces (pong, close echo) are captured by [`ReadHalf`] and handed to the
-//! socket's writing side, so frames never interleave.
+//! Each socket has one reader with its own [`WebSocketContext`] over its own clone of
+//! the [`Stream`](crate::net::Stream), so a blocked read never holds up a write. Control
+//! replies the reading context produces (pong, close echo) are captured by [`ReadHalf`]
+//! and handed to the socket's writing side, so frames never interleave.
 //! Large text messages are split into frames of at most [`FRAME_BYTES`], because
 //! deployed peers refuse frames above 16 MiB.
 
@@ -128,16 +128,12 @@ impl<S: Read + Write> Writer<S> {
 /// fragments of at most [`FRAME_BYTES`] when it is larger.
 pub fn server_frames(out: &mut Vec<u8>, payload: &[u8]) {
     use tungstenite::protocol::frame::FrameHeader;
-    let parts: Vec<&[u8]> = if payload.is_empty() {
-        vec![payload]
-    } else {
-        payload.chunks(FRAME_BYTES).collect()
-    };
-    let last = parts.len() - 1;
-    out.reserve(payload.len() + 10 * parts.len());
-    for (i, part) in parts.into_iter().enumerate() {
+    let frames = payload.len().div_ceil(FRAME_BYTES).max(1);
+    out.reserve(payload.len() + 10 * frames);
+    for i in 0..frames {
+        let part = &payload[i * FRAME_BYTES..payload.len().min((i + 1) * FRAME_BYTES)];
         let header = FrameHeader {
-            is_final: i == last,
+            is_final: i + 1 == frames,
             opcode: if i == 0 {
                 OpCode::Data(Data::Text)
             } else {
@@ -156,4 +152,28 @@ pub mod close_code {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
     pub const PROTOCOL: u16 = 1002;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_back(frames: Vec<u8>) -> String {
+        let mut ctx = WebSocketContext::new(Role::Client, Some(config(64 << 20)));
+        let mut io = ReadHalf::new(io::Cursor::new(frames));
+        match ctx.read(&mut io) {
+            Ok(Message::Text(t)) => t.to_string(),
+            other => panic!("not one text message: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn server_frames_read_back_whole_empty_small_and_fragmented() {
+        let big = "y".repeat(2 * FRAME_BYTES + 5);
+        for text in ["", "hello", big.as_str()] {
+            let mut out = Vec::new();
+            server_frames(&mut out, text.as_bytes());
+            assert_eq!(read_back(out), text, "{} bytes", text.len());
+        }
+    }
 }

@@ -100,6 +100,11 @@ impl WorkerLink {
         self.work.notify_one();
     }
 
+    /// Closes with "going away": the socket or the dispatcher is ending.
+    pub fn going_away(&self) {
+        self.close(ws::close_code::GOING_AWAY, "closing".into());
+    }
+
     /// The writer thread's body: writes queued bytes (blocking, up to `timeout` per
     /// write) until asked to close or the socket fails, then closes and shuts the socket
     /// down, which also ends the reader blocked on it.

@@ -137,7 +137,7 @@ fn serve(stream: Stream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
         .inputs
         .send(Input::Event(Event::WorkerLeft { id, reason }));
     // Ends the writer thread once anything still queued is out.
-    link.close(close_code::GOING_AWAY, "closing".into());
+    link.going_away();
 }
 
 fn read_register(

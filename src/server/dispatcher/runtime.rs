@@ -307,7 +307,7 @@ fn route_input(
         Input::Event(event) => {
             if let Event::WorkerLeft { id, .. } = &event {
                 if let Some(link) = workers.remove(id) {
-                    link.close(close_code::GOING_AWAY, "closing".into());
+                    link.going_away();
                 }
             }
             event
@@ -471,7 +471,7 @@ impl std::ops::DerefMut for Links {
 impl Drop for Links {
     fn drop(&mut self) {
         for link in self.0.values() {
-            link.close(close_code::GOING_AWAY, "closing".into());
+            link.going_away();
         }
     }
 }
