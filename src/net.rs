@@ -387,3 +387,34 @@ fn send_now(sock: &TcpStream, buf: &[u8]) -> io::Result<usize> {
 fn send_now(_sock: &TcpStream, _buf: &[u8]) -> io::Result<usize> {
     Ok(0)
 }
+
+/// Whether an idle keep-alive connection is still usable: the peer has neither closed
+/// it nor sent anything unasked. One `recv(MSG_PEEK | MSG_DONTWAIT)`, where switching
+/// the socket to non-blocking and back would take three calls.
+#[cfg(unix)]
+pub fn idle_and_open(sock: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut probe = [0u8; 1];
+    // SAFETY: `probe` is a live one-byte buffer and the descriptor belongs to `sock`,
+    // which outlives the call.
+    let got = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            probe.as_mut_ptr().cast(),
+            probe.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    // Nothing to read is the only good answer: 0 is the peer's close, more is garbage.
+    got < 0 && is_would_block(&io::Error::last_os_error())
+}
+
+#[cfg(not(unix))]
+pub fn idle_and_open(sock: &TcpStream) -> bool {
+    if sock.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut probe = [0u8; 1];
+    let open = matches!(sock.peek(&mut probe), Err(e) if is_would_block(&e));
+    sock.set_nonblocking(false).is_ok() && open
+}

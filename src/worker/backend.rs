@@ -24,6 +24,7 @@ use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage
 mod binary;
 mod failure;
 mod pieces;
+mod socket;
 pub use failure::is_connection_failure;
 use failure::{is_stale_connection, unavailable};
 
@@ -113,8 +114,12 @@ pub struct Backend {
 const AGENT_INPUT_BUFFER: usize = 32 * 1024;
 const AGENT_OUTPUT_BUFFER: usize = 16 * 1024;
 
-/// A new agent with its own connection pool (one idle keep-alive connection).
+/// A new agent with its own connection pool (one idle keep-alive connection), over the
+/// slot's own transport ([`socket`]: one `send` per request, a one-call liveness check);
+/// a CONNECT proxy from the environment still comes first, as in ureq's default chain.
 pub fn fresh_agent() -> ureq::Agent {
+    use ureq::unversioned::resolver::DefaultResolver;
+    use ureq::unversioned::transport::{ConnectProxyConnector, Connector};
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_connect(Some(Duration::from_secs(10)))
@@ -124,7 +129,8 @@ pub fn fresh_agent() -> ureq::Agent {
         .max_idle_connections_per_host(1)
         .user_agent(concat!("modelrelay-worker/", env!("CARGO_PKG_VERSION")))
         .build();
-    ureq::Agent::new_with_config(config)
+    let connector = ().chain(ConnectProxyConnector::default()).chain(socket::BackendConnector);
+    ureq::Agent::with_parts(config, connector, DefaultResolver::default())
 }
 
 impl Backend {

@@ -4,6 +4,7 @@
 //! [`usage_from_json`]) for `response_complete.token_counts`.
 
 use log::warn;
+use serde::Deserialize;
 
 use crate::protocol::TokenCounts;
 
@@ -228,18 +229,24 @@ pub fn usage_from_json(body: &str) -> Option<TokenCounts> {
     if !body.contains("_tokens") && !body.contains("eval_count") {
         return None;
     }
-    let v: serde_json::Value = serde_json::from_str(body).ok()?;
-    let usage = v
-        .get("usage")
-        .or_else(|| v.get("message")?.get("usage"))
-        .or_else(|| v.get("response")?.get("usage"));
-    let Some(usage) = usage else {
-        return ollama_counts(&v);
+    let counted: Counted = serde_json::from_str(body).ok()?;
+    let nested = |n: Option<Lenient<Nested>>| match n {
+        Some(Lenient::Is(Nested { usage })) => usage,
+        _ => None,
     };
-    let n = |k: &str| usage.get(k).and_then(|x| x.as_u64());
-    let prompt = n("prompt_tokens").or_else(|| n("input_tokens"));
-    let completion = n("completion_tokens").or_else(|| n("output_tokens"));
-    let total = n("total_tokens").or(match (prompt, completion) {
+    let usage = counted
+        .usage
+        .or_else(|| nested(counted.message))
+        .or_else(|| nested(counted.response));
+    let usage = match usage {
+        Some(Lenient::Is(usage)) => usage,
+        // Present but not an object: not a usage to read, nor a reason to look elsewhere.
+        Some(Lenient::Not(_)) => Usage::default(),
+        None => return ollama_counts(counted.eval_count, counted.prompt_eval_count),
+    };
+    let prompt = count(usage.prompt_tokens).or(count(usage.input_tokens));
+    let completion = count(usage.completion_tokens).or(count(usage.output_tokens));
+    let total = count(usage.total_tokens).or(match (prompt, completion) {
         (Some(p), Some(c)) => Some(p.saturating_add(c)),
         _ => None,
     });
@@ -254,14 +261,66 @@ pub fn usage_from_json(body: &str) -> Option<TokenCounts> {
     })
 }
 
+/// The fields of an answer that carry token counts. Everything else, the answer's text
+/// included, is skipped while parsing, not copied (this runs on every answer).
+#[derive(Deserialize)]
+struct Counted {
+    #[serde(default)]
+    usage: Option<Lenient<Usage>>,
+    #[serde(default)]
+    message: Option<Lenient<Nested>>,
+    #[serde(default)]
+    response: Option<Lenient<Nested>>,
+    #[serde(default)]
+    eval_count: Option<Lenient<u64>>,
+    #[serde(default)]
+    prompt_eval_count: Option<Lenient<u64>>,
+}
+
+#[derive(Deserialize)]
+struct Nested {
+    #[serde(default)]
+    usage: Option<Lenient<Usage>>,
+}
+
+#[derive(Deserialize, Default)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<Lenient<u64>>,
+    #[serde(default)]
+    input_tokens: Option<Lenient<u64>>,
+    #[serde(default)]
+    completion_tokens: Option<Lenient<u64>>,
+    #[serde(default)]
+    output_tokens: Option<Lenient<u64>>,
+    #[serde(default)]
+    total_tokens: Option<Lenient<u64>>,
+}
+
+/// A field of the expected type, or of any other (a float count, a string usage...),
+/// which then counts as absent instead of failing the whole body.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient<T> {
+    Is(T),
+    Not(serde::de::IgnoredAny),
+}
+
+fn count(field: Option<Lenient<u64>>) -> Option<u64> {
+    match field {
+        Some(Lenient::Is(n)) => Some(n),
+        _ => None,
+    }
+}
+
 /// Ollama's `/api/chat` and `/api/generate` final object: `prompt_eval_count` (absent
 /// when the whole prompt came from its cache, so 0) and `eval_count`.
-fn ollama_counts(v: &serde_json::Value) -> Option<TokenCounts> {
-    let completion = v.get("eval_count")?.as_u64()?;
-    let prompt = v
-        .get("prompt_eval_count")
-        .and_then(|x| x.as_u64())
-        .unwrap_or(0);
+fn ollama_counts(
+    eval: Option<Lenient<u64>>,
+    prompt_eval: Option<Lenient<u64>>,
+) -> Option<TokenCounts> {
+    let completion = count(eval)?;
+    let prompt = count(prompt_eval).unwrap_or(0);
     Some(TokenCounts {
         prompt_tokens: Some(prompt),
         completion_tokens: Some(completion),

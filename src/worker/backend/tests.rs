@@ -224,3 +224,26 @@ fn ollama_native_counts_are_read_from_whole_bodies_and_ndjson_streams() {
     assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(7), Some(3)));
     assert!(usage_from_json(r#"{"done":true}"#).is_none());
 }
+
+#[test]
+fn odd_usage_fields_count_as_absent_without_losing_the_rest() {
+    // A float count is no count; the other fields still are.
+    let c = usage_from_json(r#"{"usage":{"prompt_tokens":1.5,"completion_tokens":2}}"#)
+        .expect("counts");
+    assert_eq!(
+        (c.prompt_tokens, c.completion_tokens, c.total_tokens),
+        (None, Some(2), None)
+    );
+    // A usage that is not an object is no usage, and no reason to look elsewhere.
+    assert!(usage_from_json(r#"{"usage":"n/a","eval_count":3,"x_tokens":1}"#).is_none());
+    // A `message` that is text (an error shape) does not hide Ollama's counts.
+    let c = usage_from_json(r#"{"message":"hi","eval_count":3}"#).expect("counts");
+    assert_eq!(c.completion_tokens, Some(3));
+    // Anthropic's stream start nests its usage in `message`, beside long text.
+    let c = usage_from_json(
+        r#"{"type":"message_start","message":{"content":[{"text":"a\"b"}],"usage":{"input_tokens":4,"output_tokens":1}}}"#,
+    )
+    .expect("counts");
+    assert_eq!(c.total_tokens, Some(5));
+    assert!(usage_from_json(r#"[{"usage":{"total_tokens":1}}]"#).is_none());
+}
