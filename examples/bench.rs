@@ -23,7 +23,10 @@
 //! (so every request is recorded in the usage journal) and opens N `/api/usage-stream`
 //! subscribers that never read, before the figures are taken (`make bench-usage-stream`
 //! runs it with 0 and 1,000).
-//! `BENCH_SECS` sets the throughput window (default 3); `BENCH_LOAD=host:port` only
+//! `BENCH_SECS` sets the throughput window (default 3); `BENCH_RATE=N` paces every
+//! throughput row's clients to offer N requests/s together instead of as many as they
+//! can (CPU per request of two relays compared at one load, not each at its saturation);
+//! `BENCH_LOAD=host:port` only
 //! measures sequential latency and drives `BENCH_CLIENTS` (default 8) clients against
 //! that address (for profiling and A/B runs of two builds); `BENCH_PROFILE=clients` runs
 //! only the relay core under that load, printing its server's pid first (`BENCH_PROFILE_E2E=clients`

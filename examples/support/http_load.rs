@@ -191,6 +191,14 @@ impl Load {
     }
 }
 
+/// With `BENCH_RATE=N`, each of `clients` sends at most one request per this interval,
+/// so that together they offer N requests/s: CPU per request then compares two relays
+/// at the same load instead of each at its own saturation.
+fn paced(clients: usize) -> Option<Duration> {
+    let rate: f64 = std::env::var("BENCH_RATE").ok()?.parse().ok()?;
+    (rate > 0.0).then(|| Duration::from_secs_f64(clients as f64 / rate))
+}
+
 /// Requests/s of `clients` keep-alive clients sending `body` over `window`, the latency
 /// of every request that began inside it, and what the `watch` processes spent meanwhile.
 pub fn throughput(
@@ -203,14 +211,21 @@ pub fn throughput(
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(false));
+    let pace = paced(clients);
     let handles: Vec<_> = (0..clients)
-        .map(|_| {
+        .map(|i| {
             let (done, stop, measuring) = (done.clone(), stop.clone(), measuring.clone());
             let body = body.to_string();
             std::thread::spawn(move || {
                 let mut c = Client::connect(addr);
                 let mut latencies = Vec::new();
+                // Paced clients start spread over one interval, not all at once.
+                let mut next = pace.map(|every| Instant::now() + every * i as u32 / clients as u32);
                 while !stop.load(Ordering::Relaxed) {
+                    if let (Some(at), Some(every)) = (next.as_mut(), pace) {
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        *at += every;
+                    }
                     let (sent, counted) = (Instant::now(), measuring.load(Ordering::Relaxed));
                     c.send(&body);
                     if c.read(|_, _| {}) == 200 {
