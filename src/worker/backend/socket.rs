@@ -31,6 +31,8 @@ use crate::net;
 /// Request bytes held back before the first read: a usual request (head and JSON body)
 /// leaves in one `send`; a larger upload goes out in pieces of about this size.
 const HOLD_BYTES: usize = 64 * 1024;
+/// The holding buffer's room kept between requests (a usual request fits).
+const KEPT_BYTES: usize = 16 * 1024;
 
 /// Opens plain TCP connections to the backend; a transport made earlier in the chain (a
 /// CONNECT proxy's tunnel) is passed through unchanged.
@@ -119,6 +121,10 @@ impl BackendSocket {
         }
         let sent = (&*self.stream).write_all(&self.held);
         self.held.clear();
+        if self.held.capacity() > KEPT_BYTES {
+            // A slot that once sent a long prompt need not keep its size for good.
+            self.held = Vec::new();
+        }
         sent.map_err(|e| io_error(e, timeout))
     }
 }
