@@ -418,3 +418,27 @@ pub fn idle_and_open(sock: &TcpStream) -> bool {
     let open = matches!(sock.peek(&mut probe), Err(e) if is_would_block(&e));
     sock.set_nonblocking(false).is_ok() && open
 }
+
+/// Tests only: whether the peer's kernel has acknowledged everything sent on `sock`,
+/// its close included (`TCP_INFO`'s `tcpi_unacked` is 0). A test waits for this before
+/// it relies on the peer having seen the bytes or the close: a loopback segment may
+/// still sit in a softirq backlog when `send` or `shutdown` returns.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn all_sent_acked(sock: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `tcp_info` is plain integers, so all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are live and `len` is `info`'s size; the descriptor
+    // belongs to `sock`, which outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    rc == 0 && info.tcpi_unacked == 0
+}
