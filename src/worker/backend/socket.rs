@@ -113,12 +113,11 @@ impl BackendSocket {
         if self.held.is_empty() {
             return Ok(());
         }
-        let timeout = writable(timeout)?;
-        let wanted = timeout.not_zero().map(|t| *t);
-        if wanted != self.write_timeout {
-            self.stream.set_write_timeout(wanted)?;
-            self.write_timeout = wanted;
-        }
+        let timeout = unexpired(timeout.for_write())?;
+        let stream = &self.stream;
+        set_if_changed(&mut self.write_timeout, timeout, |t| {
+            stream.set_write_timeout(t)
+        })?;
         let sent = (&*self.stream).write_all(&self.held);
         self.held.clear();
         if self.held.capacity() > KEPT_BYTES {
@@ -148,15 +147,11 @@ impl Transport for BackendSocket {
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, Error> {
         self.flush(timeout)?;
-        let timeout = timeout.for_read();
-        if timeout.after.is_zero() {
-            return Err(Error::Timeout(timeout.reason));
-        }
-        let wanted = timeout.not_zero().map(|t| *t);
-        if wanted != self.read_timeout {
-            self.stream.set_read_timeout(wanted)?;
-            self.read_timeout = wanted;
-        }
+        let timeout = unexpired(timeout.for_read())?;
+        let stream = &self.stream;
+        set_if_changed(&mut self.read_timeout, timeout, |t| {
+            stream.set_read_timeout(t)
+        })?;
         let input = self.buffers.input_append_buf();
         let read = loop {
             match (&*self.stream).read(input) {
@@ -174,13 +169,27 @@ impl Transport for BackendSocket {
     }
 }
 
-/// The write timeout, or the timeout error when it has already run out.
-fn writable(timeout: NextTimeout) -> Result<NextTimeout, Error> {
-    let timeout = timeout.for_write();
+/// `timeout`, or the timeout error when it has already run out.
+fn unexpired(timeout: NextTimeout) -> Result<NextTimeout, Error> {
     if timeout.after.is_zero() {
         return Err(Error::Timeout(timeout.reason));
     }
     Ok(timeout)
+}
+
+/// Sets a socket timeout only when it differs from the one last set (`cached`): one
+/// system call fewer per request in the usual case of no change.
+fn set_if_changed(
+    cached: &mut Option<Duration>,
+    timeout: NextTimeout,
+    set: impl FnOnce(Option<Duration>) -> io::Result<()>,
+) -> io::Result<()> {
+    let wanted = timeout.not_zero().map(|t| *t);
+    if wanted != *cached {
+        set(wanted)?;
+        *cached = wanted;
+    }
+    Ok(())
 }
 
 fn is_timeout(e: &io::Error) -> bool {
