@@ -5,6 +5,7 @@
 //! error or an `Unknown` variant, never a closed connection); the types themselves only
 //! describe the wire shapes.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -28,9 +29,11 @@ struct RawContinuation {
 /// Every field any message may carry, all optional: one lenient pass over the JSON
 /// (no intermediate tree), then [`Raw::need`] checks what the type requires.
 #[derive(Deserialize, Default)]
-struct Raw {
-    #[serde(rename = "type")]
-    kind: Option<String>,
+struct Raw<'a> {
+    /// Borrowed from the frame when it needs no unescaping (always, in practice): the
+    /// type only picks the branch, so it is never copied.
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
     worker_name: Option<String>,
     worker_id: Option<String>,
     models: Option<Vec<String>>,
@@ -97,12 +100,12 @@ fn need<T>(value: Option<T>, kind: &str, field: &str) -> Result<T, Malformed> {
     value.ok_or_else(|| Malformed(format!("`{kind}` message without `{field}`")))
 }
 
-fn parse_raw(text: &str) -> Result<(String, Raw), Malformed> {
-    let raw: Raw =
+fn parse_raw(text: &str) -> Result<(Cow<'_, str>, Raw<'_>), Malformed> {
+    let mut raw: Raw =
         serde_json::from_str(text).map_err(|e| Malformed(format!("invalid JSON: {e}")))?;
     let kind = raw
         .kind
-        .clone()
+        .take()
         .ok_or_else(|| Malformed("message without `type`".into()))?;
     Ok((kind, raw))
 }
@@ -124,7 +127,7 @@ impl WorkerMessage {
     /// Parses one text frame sent by a worker.
     pub fn parse(text: &str) -> Result<WorkerMessage, Malformed> {
         let (kind, r) = parse_raw(text)?;
-        let k = kind.as_str();
+        let k: &str = &kind;
         Ok(match k {
             "register" => WorkerMessage::Register(RegisterMessage {
                 worker_name: r.worker_name.unwrap_or_default(),
@@ -217,7 +220,7 @@ impl WorkerMessage {
                 request_id: need(r.request_id, k, "request_id")?,
                 until: need(r.until, k, "until")?,
             },
-            _ => WorkerMessage::Unknown(kind),
+            _ => WorkerMessage::Unknown(kind.into_owned()),
         })
     }
 }
@@ -226,7 +229,7 @@ impl ServerMessage {
     /// Parses one text frame sent by a server.
     pub fn parse(text: &str) -> Result<ServerMessage, Malformed> {
         let (kind, r) = parse_raw(text)?;
-        let k = kind.as_str();
+        let k: &str = &kind;
         Ok(match k {
             "register_ack" => ServerMessage::RegisterAck(RegisterAck {
                 worker_id: need(r.worker_id, k, "worker_id")?,
@@ -302,12 +305,12 @@ impl ServerMessage {
                 chunk: need(r.chunk, k, "chunk")?,
                 last: r.last.unwrap_or(false),
             },
-            _ => ServerMessage::Unknown(kind),
+            _ => ServerMessage::Unknown(kind.into_owned()),
         })
     }
 }
 
-fn prefix_note(r: Raw, k: &str) -> Result<PrefixNote, Malformed> {
+fn prefix_note(r: Raw<'_>, k: &str) -> Result<PrefixNote, Malformed> {
     Ok(PrefixNote {
         model: need(r.model, k, "model")?,
         prefixes: need(r.prefixes, k, "prefixes")?.0,

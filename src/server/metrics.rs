@@ -7,8 +7,10 @@
 //! `/admin/stats` combine a snapshot of both. [`recent`] keeps the last hour in buckets
 //! and the last requests for the dashboard.
 
+mod key;
 pub mod recent;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -102,7 +104,7 @@ pub const OTHER: &str = "other";
 const RECENT_TENANT_WAITS: usize = 256;
 
 /// `2xx`, `4xx`...: a status's class label (no formatting per request).
-fn status_class(status: u16) -> std::borrow::Cow<'static, str> {
+fn status_class(status: u16) -> Cow<'static, str> {
     const CLASSES: [&str; 10] = [
         "0xx", "1xx", "2xx", "3xx", "4xx", "5xx", "6xx", "7xx", "8xx", "9xx",
     ];
@@ -116,7 +118,7 @@ fn status_class(status: u16) -> std::borrow::Cow<'static, str> {
 #[derive(Debug, Default, Clone)]
 pub struct TenantStats {
     /// (priority, status class) → finished requests.
-    pub requests: BTreeMap<(&'static str, String), u64>,
+    pub requests: BTreeMap<(&'static str, Cow<'static, str>), u64>,
     pub completed: u64,
     /// Every other outcome (failure or rejection code) → count.
     pub rejected: BTreeMap<String, u64>,
@@ -135,10 +137,7 @@ impl TenantStats {
 
     fn record(&mut self, f: &Finished, priority: &'static str) {
         let class = status_class(f.status);
-        *self
-            .requests
-            .entry((priority, class.into_owned()))
-            .or_default() += 1;
+        *self.requests.entry((priority, class)).or_default() += 1;
         if f.outcome == "completed" {
             self.completed += 1;
         } else if let Some(n) = self.rejected.get_mut(f.outcome) {
@@ -161,7 +160,7 @@ impl TenantStats {
 #[derive(Debug, Default, Clone)]
 pub struct HttpInner {
     /// (route, model, status class) → count
-    pub requests: BTreeMap<(String, String, String), u64>,
+    pub requests: BTreeMap<key::Triple, u64>,
     /// route → request duration
     pub duration: BTreeMap<String, Histogram>,
     pub first_chunk: Histogram,
@@ -223,9 +222,7 @@ impl HttpMetrics {
             }
         }
         let class = status_class(f.status);
-        *m.requests
-            .entry((f.route.to_string(), f.model.to_string(), class.into_owned()))
-            .or_default() += 1;
+        key::bump(&mut m.requests, f.route, f.model, &class);
         match m.duration.get_mut(f.route) {
             Some(h) => h.observe(f.duration),
             None => m
@@ -399,7 +396,7 @@ mod tests {
         assert_eq!(t.completed, 2);
         assert_eq!(t.rejected["no_worker"], 1);
         assert_eq!(t.rejected["odd"], 2);
-        assert_eq!(t.requests[&("normal", "2xx".to_string())], 2);
+        assert_eq!(t.requests[&("normal", Cow::Borrowed("2xx"))], 2);
     }
 
     #[test]

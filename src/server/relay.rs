@@ -12,6 +12,7 @@
 //! error event whole ([`boundary`]). Every request ends with one access-log line and one
 //! metrics record ([`record`]).
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -534,17 +535,17 @@ impl Session<'_, '_> {
     /// Headers every relayed answer carries: request id, queue wait, time on the worker
     /// so far (dispatch to now: the last byte for whole answers, the first for streams)
     /// and the tenant's rate-limit state.
-    fn relay_headers(&self) -> Vec<(&'static str, String)> {
-        let mut h = vec![
-            ("x-request-id", self.wire.clone()),
-            ("x-queue-wait-ms", self.queue_wait_ms()),
-        ];
+    fn relay_headers(&self) -> Vec<(&'static str, Cow<'_, str>)> {
+        // Room for all of them at once: this runs for every answer.
+        let mut h = Vec::with_capacity(6);
+        h.push(("x-request-id", Cow::Borrowed(self.wire.as_str())));
+        h.push(("x-queue-wait-ms", Cow::Owned(self.queue_wait_ms())));
         if let Some(wait) = self.queue_wait {
             let on_worker = self.started.elapsed().saturating_sub(wait);
-            h.push(("x-gpu-time-ms", on_worker.as_millis().to_string()));
+            h.push(("x-gpu-time-ms", on_worker.as_millis().to_string().into()));
         }
         if let Some(rate) = &self.rate {
-            h.extend(rate.render());
+            h.extend(rate.render().into_iter().map(|(n, v)| (n, Cow::Owned(v))));
         }
         h
     }

@@ -97,6 +97,8 @@ const MODELS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Backend {
     base: String,
+    /// `base` parsed once (`None`: it does not parse, and no request path passes).
+    base_uri: Option<ureq::http::Uri>,
     /// `base` with its userinfo redacted: the form shown in errors and logs.
     shown: String,
     api_key: Option<String>,
@@ -140,11 +142,17 @@ impl Backend {
         let base = base.trim_end_matches('/');
         Backend {
             base: base.to_string(),
+            base_uri: base.parse().ok(),
             shown: url::redacted(base),
             api_key,
             max_body: max_message.saturating_sub(1 << 20) / 2,
             max_message,
         }
+    }
+
+    /// The URL a request's `endpoint_path` names, when it stays on the backend's host.
+    fn target(&self, path: &str) -> Result<ureq::http::Uri, &'static str> {
+        url::checked_uri(self.base_uri.as_ref(), &self.base, path)
     }
 
     /// The URL of one of the worker's own calls (fixed paths).
@@ -246,7 +254,7 @@ impl Backend {
         trim: Option<trim::Policy>,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
-        if let Err(why) = url::checked_url(&self.base, &req.endpoint_path) {
+        if let Err(why) = self.target(&req.endpoint_path) {
             return Outcome::BadPath(why);
         }
         if req.body_encoding.is_some() {
@@ -268,6 +276,10 @@ impl Backend {
             };
             let status = response.status().as_u16();
             let mut headers = response_headers(&response);
+            let length = response
+                .body()
+                .content_length()
+                .and_then(|n| usize::try_from(n).ok());
             let reader = response.into_body().into_reader();
             if failover && UNAVAILABLE_STATUSES.contains(&status) {
                 // Nothing went to the server yet, so this can still run elsewhere.
@@ -275,7 +287,7 @@ impl Backend {
             }
             if attempts.watches(status) {
                 // Nothing went out yet either: a context refusal is retried shorter.
-                let bytes = match self.read_whole(reader, handle) {
+                let bytes = match self.read_whole(reader, length, handle) {
                     Ok(bytes) => bytes,
                     Err(outcome) => return outcome,
                 };
@@ -292,7 +304,7 @@ impl Backend {
             return if req.is_streaming && status < 400 {
                 self.stream_body(req, status, headers, reader, strip_usage, handle, emit)
             } else {
-                self.whole_body(req, status, headers, reader, handle, emit)
+                self.whole_body(req, status, headers, (reader, length), handle, emit)
             };
         }
     }
@@ -334,8 +346,15 @@ impl Backend {
     }
 
     /// A whole answer body, at most `max_body + 1` bytes (more is too large).
-    fn read_whole(&self, reader: impl Read, handle: &Handle) -> Result<Vec<u8>, Outcome> {
-        let mut bytes = Vec::new();
+    fn read_whole(
+        &self,
+        reader: impl Read,
+        length: Option<usize>,
+        handle: &Handle,
+    ) -> Result<Vec<u8>, Outcome> {
+        // Sized once from the answer's Content-Length (capped: the header is the
+        // backend's word), instead of grown by doubling from nothing.
+        let mut bytes = Vec::with_capacity(length.unwrap_or(0).min(self.max_body + 1).min(1 << 20));
         match reader
             .take(self.max_body as u64 + 1)
             .read_to_end(&mut bytes)
@@ -353,7 +372,12 @@ impl Backend {
         req: &RequestMessage,
         body: impl ureq::AsSendBody,
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        let mut builder = agent.post(&self.url(&req.endpoint_path));
+        // `forward` refused a bad path before anything was sent; were one to reach here,
+        // ureq would refuse its text as it did before the check existed.
+        let mut builder = match self.target(&req.endpoint_path) {
+            Ok(uri) => agent.post(uri),
+            Err(_) => agent.post(&self.url(&req.endpoint_path)),
+        };
         for (name, value) in &req.headers {
             // The worker's own switch (`X-Context-Trim`) is not the backend's business.
             if (name == "authorization" && self.api_key.is_some()) || name == TRIM_REQUEST_HEADER {
@@ -446,11 +470,11 @@ impl Backend {
         req: &RequestMessage,
         status: u16,
         headers: HeaderMap,
-        reader: impl Read,
+        (reader, length): (impl Read, Option<usize>),
         handle: &Handle,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
-        match self.read_whole(reader, handle) {
+        match self.read_whole(reader, length, handle) {
             Ok(bytes) => self.complete(req, status, headers, bytes, emit),
             Err(outcome) => outcome,
         }

@@ -482,6 +482,18 @@ impl Dispatcher {
 
     /// Applies one event.
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
+        self.apply(event, now);
+        std::mem::take(&mut self.actions)
+    }
+
+    /// [`handle`](Self::handle), its actions appended to `out`: the runtime keeps one
+    /// buffer across events instead of a new vector for each.
+    pub fn handle_into(&mut self, event: Event, now: Instant, out: &mut Vec<Action>) {
+        self.apply(event, now);
+        out.append(&mut self.actions);
+    }
+
+    fn apply(&mut self, event: Event, now: Instant) {
         match event {
             Event::Submit {
                 id,
@@ -520,11 +532,21 @@ impl Dispatcher {
             Event::RefreshModels => self.refresh_models(),
             Event::Shutdown { timeout } => self.shutdown_requested(timeout, now),
         }
-        std::mem::take(&mut self.actions)
     }
 
     /// Fires every deadline at or before `now`.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
+        self.fire_due(now);
+        std::mem::take(&mut self.actions)
+    }
+
+    /// [`tick`](Self::tick), its actions appended to `out`.
+    pub fn tick_into(&mut self, now: Instant, out: &mut Vec<Action>) {
+        self.fire_due(now);
+        out.append(&mut self.actions);
+    }
+
+    fn fire_due(&mut self, now: Instant) {
         while let Some(&(at, timer)) = self.timers.first() {
             if at > now {
                 break;
@@ -544,7 +566,6 @@ impl Dispatcher {
                 Timer::Shutdown => self.shutdown_deadline(),
             }
         }
-        std::mem::take(&mut self.actions)
     }
 }
 

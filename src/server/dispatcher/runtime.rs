@@ -198,28 +198,44 @@ pub fn run(
     let mut clients: HashMap<RequestId, Sender<ClientEvent>> = HashMap::new();
     let mut workers = Links::default();
     let mut models_version = u64::MAX;
+    // One buffer for every batch's actions (emptied as they are carried out).
+    let mut actions = Vec::new();
     loop {
         let received = match core.next_deadline() {
             Some(at) => inputs.recv_deadline(at),
             None => inputs.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         let now = Instant::now();
-        let mut actions = match received {
-            Ok(input) => take(&mut core, input, &mut clients, &mut workers, now),
-            Err(RecvTimeoutError::Timeout) => Vec::new(),
+        match received {
+            Ok(input) => take(
+                &mut core,
+                input,
+                &mut clients,
+                &mut workers,
+                now,
+                &mut actions,
+            ),
+            Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
-        };
+        }
         // Inputs that arrived meanwhile are handled before any action goes out: a
         // burst's messages then reach each socket writer together (one write) and
         // the gauges are published once.
         for _ in 1..BATCH {
             let Ok(input) = inputs.try_recv() else { break };
-            actions.extend(take(&mut core, input, &mut clients, &mut workers, now));
+            take(
+                &mut core,
+                input,
+                &mut clients,
+                &mut workers,
+                now,
+                &mut actions,
+            );
         }
         if core.next_deadline().is_some_and(|at| at <= now) {
-            actions.extend(core.tick(now));
+            core.tick_into(now, &mut actions);
         }
-        let exit = execute(actions, &mut clients, &mut workers);
+        let exit = execute(&mut actions, &mut clients, &mut workers);
         shared.publish(&core.gauges());
         if core.models_version() != models_version {
             models_version = core.models_version();
@@ -246,16 +262,17 @@ fn take(
     clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
     workers: &mut Links,
     now: Instant,
-) -> Vec<Action> {
+    actions: &mut Vec<Action>,
+) {
     match input {
         Input::Query(query, reply) => {
-            let (answer, actions) = answer(core, query, now);
+            let (answer, mut more) = answer(core, query, now);
             let _ = reply.send(answer);
-            actions
+            actions.append(&mut more);
         }
         input => {
             let event = route_input(input, clients, workers);
-            core.handle(event, now)
+            core.handle_into(event, now, actions);
         }
     }
 }
@@ -480,13 +497,13 @@ impl Drop for Links {
 /// worker are framed into one buffer and sent together once the batch is done (or before
 /// its socket is closed), so a burst costs one `send` per socket.
 fn execute(
-    actions: Vec<Action>,
+    actions: &mut Vec<Action>,
     clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
     workers: &mut Links,
 ) -> bool {
     let mut exit = false;
     let mut frames: Vec<(WorkerId, Vec<u8>)> = Vec::new();
-    for action in actions {
+    for action in actions.drain(..) {
         match action {
             Action::ToWorker(id, msg) => {
                 if !workers.contains_key(&id) {

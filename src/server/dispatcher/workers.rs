@@ -122,11 +122,19 @@ impl Dispatcher {
         self.models_version += 1;
     }
 
+    /// A worker's wire id for a log line (looked up when a line is written: the
+    /// message path itself copies nothing).
+    fn wire_name(&self, worker: WorkerId) -> &str {
+        self.registry
+            .get(worker)
+            .map_or("?", |w| w.wire_id.as_str())
+    }
+
     pub(super) fn worker_said(&mut self, worker: WorkerId, mut msg: WorkerMessage, now: Instant) {
         let Some(w) = self.registry.get_mut(worker) else {
             return;
         };
-        let (old_seen, name) = (w.last_seen, w.wire_id.clone());
+        let old_seen = w.last_seen;
         w.last_seen = now;
         self.timers.remove(&(
             old_seen + self.cfg.heartbeat_timeout,
@@ -176,7 +184,10 @@ impl Dispatcher {
                 body,
             } => {
                 let Some(wire) = request_id else {
-                    warn!("worker {name} reported: {code}: {message}");
+                    warn!(
+                        "worker {} reported: {code}: {message}",
+                        self.wire_name(worker)
+                    );
                     return;
                 };
                 if let Some(id) = self.in_flight_on(worker, &wire) {
@@ -202,7 +213,10 @@ impl Dispatcher {
                         }
                         return;
                     }
-                    info!("request {wire} failed on worker {name}: {code}: {message}");
+                    info!(
+                        "request {wire} failed on worker {}: {code}: {message}",
+                        self.wire_name(worker)
+                    );
                     let failure = Failure::WorkerError {
                         status: status_code,
                         code,
@@ -256,9 +270,15 @@ impl Dispatcher {
             WorkerMessage::BodyCredit { request_id, until } => {
                 self.body_credit(worker, &request_id, until, now)
             }
-            WorkerMessage::Register(_) => warn!("worker {name} sent a second register; ignored"),
+            WorkerMessage::Register(_) => warn!(
+                "worker {} sent a second register; ignored",
+                self.wire_name(worker)
+            ),
             WorkerMessage::Unknown(kind) => {
-                debug!("worker {name} sent unknown message type `{kind}`; ignored")
+                debug!(
+                    "worker {} sent unknown message type `{kind}`; ignored",
+                    self.wire_name(worker)
+                )
             }
         }
     }

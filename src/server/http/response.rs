@@ -73,7 +73,21 @@ pub enum Framing {
 /// in it are dropped and replaced by ours.
 pub fn head(status: u16, headers: &[(&str, &str)], framing: Framing, keep_alive: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(format!("HTTP/1.1 {status} {}\r\n", reason(status)).as_bytes());
+    head_into(&mut out, status, headers, framing, keep_alive);
+    out
+}
+
+/// [`head`] appended to `out`: an answer's head and body leave in one buffer, and the
+/// request path allocates nothing for it (writing into a `Vec` cannot fail).
+pub fn head_into(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &[(&str, &str)],
+    framing: Framing,
+    keep_alive: bool,
+) {
+    out.reserve(256);
+    let _ = write!(out, "HTTP/1.1 {status} {}\r\n", reason(status));
     EXTRA.with(|extra| {
         let extra = extra.borrow();
         let ours = extra.iter().map(|(n, v)| (n.as_str(), v.as_str()));
@@ -94,7 +108,9 @@ pub fn head(status: u16, headers: &[(&str, &str)], framing: Framing, keep_alive:
         }
     });
     match framing {
-        Framing::Length(n) => out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes()),
+        Framing::Length(n) => {
+            let _ = write!(out, "content-length: {n}\r\n");
+        }
         Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         Framing::UntilClose => {}
     }
@@ -104,7 +120,6 @@ pub fn head(status: u16, headers: &[(&str, &str)], framing: Framing, keep_alive:
     } else {
         b"connection: close\r\n\r\n"
     });
-    out
 }
 
 /// A worker could send header text that would split our response; refuse it.

@@ -262,7 +262,7 @@ fn render_tenants(e: &mut Exposition, http: &HttpInner) {
             let labels = [
                 ("tenant", tenant.as_str()),
                 ("priority", priority),
-                ("status_class", class.as_str()),
+                ("status_class", class.as_ref()),
             ];
             e.sample("modelrelay_tenant_requests_total", &labels, n);
         }

@@ -144,8 +144,8 @@ impl Session<'_, '_> {
         {
             headers.push(("content-type", "application/octet-stream"));
         }
-        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
-        buf.extend_from_slice(&response::head(status, &headers, framing, self.keep_alive));
+        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_ref())));
+        response::head_into(buf, status, &headers, framing, self.keep_alive);
     }
 
     /// The final event of a binary answer.
@@ -209,7 +209,7 @@ impl Session<'_, '_> {
     fn push_binary_error(&mut self, buf: &mut Vec<u8>, e: &ApiError) {
         self.status = e.status;
         let extra = self.relay_headers();
-        let extra: Vec<(&str, &str)> = extra.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let extra: Vec<(&str, &str)> = extra.iter().map(|(n, v)| (*n, v.as_ref())).collect();
         buf.extend_from_slice(&error_response(self.style, e, self.keep_alive, &extra));
     }
 }

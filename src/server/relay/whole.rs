@@ -39,13 +39,14 @@ impl Session<'_, '_> {
         self.status = status;
         let relay = self.relay_headers();
         let mut headers = vec![("content-type", "application/json")];
-        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
-        buf.extend_from_slice(&response::head(
+        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_ref())));
+        response::head_into(
+            buf,
             status,
             &headers,
             Framing::Length(text.len()),
             self.keep_alive,
-        ));
+        );
         buf.extend_from_slice(text.as_bytes());
     }
 
@@ -77,11 +78,9 @@ impl Session<'_, '_> {
         };
         self.status = status;
         let relay = self.relay_headers();
-        let mut headers: Vec<(&str, &str)> = rc
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_str()))
-            .collect();
+        // Room for the backend's headers and ours: one allocation per answer.
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(rc.headers.len() + relay.len() + 3);
+        headers.extend(rc.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         if !rc
             .headers
             .keys()
@@ -95,14 +94,17 @@ impl Session<'_, '_> {
         let reused = reused.to_string();
         headers.push(("x-cache-hit", hit));
         headers.push(("x-cache-tokens-reused", reused.as_str()));
-        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_str())));
+        headers.extend(relay.iter().map(|(n, v)| (*n, v.as_ref())));
         let body = body_text.as_bytes();
-        buf.extend_from_slice(&response::head(
+        // Head and body in one buffer, sized once (a head is a few hundred bytes).
+        buf.reserve(body.len() + 512);
+        response::head_into(
+            buf,
             status,
             &headers,
             Framing::Length(body.len()),
             self.keep_alive,
-        ));
+        );
         buf.extend_from_slice(body);
     }
 }

@@ -1,6 +1,8 @@
 //! How a relayed answer is written: the stream's head once, its chunks, its end or its one
 //! error event, queue notes, and the final event of an answer that was not streamed.
 
+use std::borrow::Cow;
+
 use log::debug;
 
 use super::Session;
@@ -21,7 +23,12 @@ impl Session<'_, '_> {
             Framing::Chunked
         };
         let mut extra = self.relay_headers();
-        extra.extend(self.resume.iter().flat_map(|t| t.head()));
+        extra.extend(
+            self.resume
+                .iter()
+                .flat_map(|t| t.head())
+                .map(|(n, v)| (n, Cow::Owned(v))),
+        );
         let content_type = self
             .reshape
             .as_ref()
@@ -30,13 +37,9 @@ impl Session<'_, '_> {
             ("content-type", content_type),
             ("cache-control", "no-cache"),
         ];
-        headers.extend(
-            extra
-                .iter()
-                .chain(&self.head)
-                .map(|(n, v)| (*n, v.as_str())),
-        );
-        buf.extend_from_slice(&response::head(200, &headers, f, self.keep_alive));
+        headers.extend(extra.iter().map(|(n, v)| (*n, v.as_ref())));
+        headers.extend(self.head.iter().map(|(n, v)| (*n, v.as_str())));
+        response::head_into(buf, 200, &headers, f, self.keep_alive);
         self.framing = Some(f);
         self.status = 200;
         f
@@ -127,7 +130,7 @@ impl Session<'_, '_> {
                 self.status = e.status;
                 let extra = self.relay_headers();
                 let extra: Vec<(&str, &str)> =
-                    extra.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                    extra.iter().map(|(n, v)| (*n, v.as_ref())).collect();
                 buf.extend_from_slice(&error_response(self.style, &e, self.keep_alive, &extra));
             }
             (Some(framing), ClientEvent::Complete(rc)) if rc.status_code >= 400 => {

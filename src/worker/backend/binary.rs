@@ -90,7 +90,7 @@ fn whole(
     handle: &Handle,
     emit: &mut dyn FnMut(WorkerMessage),
 ) -> Outcome {
-    let bytes = match backend.read_whole(reader, handle) {
+    let bytes = match backend.read_whole(reader, None, handle) {
         Ok(bytes) => bytes,
         Err(outcome) => return outcome,
     };

@@ -11,6 +11,13 @@ use ureq::http::Uri;
 
 /// Why `path` may not be sent to the backend at `base`; `Ok` with the full URL when it may.
 pub fn checked_url(base: &str, path: &str) -> Result<String, &'static str> {
+    checked_uri(base.parse().ok().as_ref(), base, path).map(|uri| uri.to_string())
+}
+
+/// [`checked_url`] with the base parsed once (`None`: it does not parse, so nothing
+/// passes), giving the parsed URL: the request path parses it once, and ureq takes it
+/// as it is.
+pub fn checked_uri(base: Option<&Uri>, base_text: &str, path: &str) -> Result<Uri, &'static str> {
     if !path.starts_with('/') || path.starts_with("//") {
         return Err("it must be an absolute path starting with a single /");
     }
@@ -20,19 +27,17 @@ pub fn checked_url(base: &str, path: &str) -> Result<String, &'static str> {
     if path.chars().any(|c| c.is_control() || c == ' ') {
         return Err("it may not contain spaces or control characters");
     }
-    let url = format!("{base}{path}");
     // Belt and braces: whatever the text checks missed, the parsed URL must name the
-    // base's own host and port.
-    let same_host = match (url.parse::<Uri>(), base.parse::<Uri>()) {
-        (Ok(full), Ok(base)) => {
-            full.authority() == base.authority() && full.scheme() == base.scheme()
+    // base's own host and port. (`try_from` a `String` keeps its buffer: no copy.)
+    let full = Uri::try_from(format!("{base_text}{path}"));
+    match (full, base) {
+        (Ok(full), Some(base))
+            if full.authority() == base.authority() && full.scheme() == base.scheme() =>
+        {
+            Ok(full)
         }
-        _ => false,
-    };
-    if !same_host {
-        return Err("it does not stay on the backend's host");
+        _ => Err("it does not stay on the backend's host"),
     }
-    Ok(url)
 }
 
 /// `url` with any userinfo (`user:pass@`) replaced by `***@`, for messages and logs.
