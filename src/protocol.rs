@@ -469,5 +469,16 @@ pub fn to_json<T: Serialize>(message: &T) -> String {
     serde_json::to_string(message).unwrap_or_else(|_| "{}".to_string())
 }
 
+/// [`to_json`] into a buffer of `capacity` bytes to begin with (see the messages'
+/// `text_hint` in `size.rs`). serde_json writes only UTF-8, so the check that turns the
+/// bytes into text never fails; were it to, the answer is the same empty object.
+pub fn to_json_sized<T: Serialize>(message: &T, capacity: usize) -> String {
+    let mut out = Vec::with_capacity(capacity);
+    match serde_json::to_writer(&mut out, message) {
+        Ok(()) => String::from_utf8(out).unwrap_or_else(|_| "{}".to_string()),
+        Err(_) => "{}".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

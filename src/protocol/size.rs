@@ -6,7 +6,7 @@
 //! connection, and every request on it. So the sender sizes the *encoded* message and
 //! refuses what the other side cannot receive, instead of the body's raw length.
 
-use super::{HeaderMap, RequestMessage, ResponseComplete};
+use super::{HeaderMap, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage};
 
 /// Room for the field names, the `type` tag, numbers and punctuation of one message:
 /// more than any of them needs, so the sizes below are upper bounds.
@@ -55,6 +55,47 @@ fn needs_escape(word: u64) -> bool {
         x.wrapping_sub(ONES) & !x & HIGHS != 0
     };
     below(0x20) || has(b'"') || has(b'\\')
+}
+
+/// A first guess at the JSON length of a message carrying `payload` bytes of text, for
+/// the buffer it is written into: an eighth more for escapes, plus the envelope. Not a
+/// bound (escapes may run higher, and the buffer then grows once); what it saves is the
+/// doublings, copies and frees of a buffer that starts small, for the price of no scan.
+fn text_hint(payload: usize) -> usize {
+    payload.saturating_add(payload / 8).saturating_add(ENVELOPE)
+}
+
+/// Room guessed for the headers of a message (names and values are short).
+fn headers_hint(headers: &HeaderMap) -> usize {
+    headers.len().saturating_mul(64)
+}
+
+impl WorkerMessage {
+    /// See [`text_hint`]; the messages that carry an answer are the ones worth sizing.
+    pub fn text_hint(&self) -> usize {
+        match self {
+            WorkerMessage::ResponseComplete(rc) => {
+                text_hint(rc.body.as_ref().map_or(0, String::len) + headers_hint(&rc.headers))
+            }
+            WorkerMessage::ResponseChunk { chunk, .. } => text_hint(chunk.len()),
+            _ => ENVELOPE,
+        }
+    }
+}
+
+impl ServerMessage {
+    /// See [`text_hint`].
+    pub fn text_hint(&self) -> usize {
+        match self {
+            ServerMessage::Request(r) => text_hint(
+                r.body.len()
+                    + headers_hint(&r.headers)
+                    + r.continuation.as_ref().map_or(0, |c| c.prefix.len()),
+            ),
+            ServerMessage::BodyPiece { chunk, .. } => text_hint(chunk.len()),
+            _ => ENVELOPE,
+        }
+    }
 }
 
 fn headers_len(headers: &HeaderMap) -> usize {

@@ -240,3 +240,45 @@ fn a_continuation_travels_on_request_and_an_old_request_has_none() {
         Ok(ServerMessage::Request(Arc::new(msg)))
     );
 }
+
+#[test]
+fn sized_serialization_writes_what_plain_serialization_writes() {
+    let body = "{\"messages\":[{\"content\":\"line\\none \\u0001\"}]}".repeat(40);
+    let complete = WorkerMessage::ResponseComplete(ResponseComplete {
+        request_id: "r-1".into(),
+        status_code: 200,
+        headers: [("content-type".to_string(), "application/json".to_string())].into(),
+        body: Some(body.clone()),
+        token_counts: None,
+    });
+    let request = ServerMessage::Request(Arc::new(RequestMessage {
+        request_id: "r-2".into(),
+        model: "m".into(),
+        endpoint_path: "/v1/chat/completions".into(),
+        is_streaming: false,
+        body: body.as_str().into(),
+        headers: HeaderMap::new(),
+        body_encoding: None,
+        continuation: None,
+        held: None,
+    }));
+    let ping = ServerMessage::Ping {
+        timestamp_unix_ms: Some(1),
+    };
+    // Room for the body at least: the hint is what keeps the buffer from doubling.
+    assert!(complete.text_hint() > body.len());
+    assert!(request.text_hint() > body.len());
+    for (sized, plain) in [
+        (
+            to_json_sized(&complete, complete.text_hint()),
+            to_json(&complete),
+        ),
+        (
+            to_json_sized(&request, request.text_hint()),
+            to_json(&request),
+        ),
+        (to_json_sized(&ping, 0), to_json(&ping)),
+    ] {
+        assert_eq!(sized, plain);
+    }
+}

@@ -141,7 +141,8 @@ impl WorkerLink {
 
 /// Appends `msg` as the server's (unmasked) text frames.
 pub fn push_message(out: &mut Vec<u8>, msg: &ServerMessage) {
-    ws::server_frames(out, crate::protocol::to_json(msg).as_bytes());
+    let text = crate::protocol::to_json_sized(msg, msg.text_hint());
+    ws::server_frames(out, text.as_bytes());
 }
 
 #[cfg(test)]

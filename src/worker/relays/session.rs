@@ -38,7 +38,7 @@ impl SessionWriter {
 
     /// Sends one message; false if the session is gone.
     pub fn send(&self, msg: &WorkerMessage) -> bool {
-        let text = protocol::to_json(msg);
+        let text = protocol::to_json_sized(msg, msg.text_hint());
         self.with(|w| w.text(text).and_then(|_| w.flush()))
     }
 
