@@ -52,7 +52,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-orig interop bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store bench-profile
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-orig interop bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store bench-profile bench-allocs
 
 build:
 	$(CARGO) build
@@ -144,10 +144,16 @@ bench:
 	./target/release/examples/bench
 
 # Where the server's time goes at 64 clients end to end (perf: user vs kernel, hottest
-# symbols, context switches per request by thread): `make bench-profile [BINS=dir]`.
+# symbols, context switches per request by thread): `make bench-profile [BIN_DIR=dir]`.
 bench-profile:
 	$(CARGO) build --release --bins --example bench
-	contrib/profile.sh $(or $(BINS),target/release) $(or $(CLIENTS),64)
+	contrib/profile.sh $(or $(BIN_DIR),target/release) $(or $(CLIENTS),64)
+
+# Heap allocations per request in the server and the worker, end to end under load
+# (perf uprobes on glibc's allocator; needs root): `make bench-allocs [BIN_DIR=dir]`.
+bench-allocs:
+	$(CARGO) build --release --bins --example bench
+	contrib/allocs.sh $(or $(BIN_DIR),target/release) $(or $(CLIENTS),64)
 
 # Two builds back to back, alternating, RUNS times (default 5); the median of every figure
 # per build: `make bench-compare BASE=../other/target/release` (NEW defaults to this
