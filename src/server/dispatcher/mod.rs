@@ -490,7 +490,14 @@ impl Dispatcher {
     /// buffer across events instead of a new vector for each.
     pub fn handle_into(&mut self, event: Event, now: Instant, out: &mut Vec<Action>) {
         self.apply(event, now);
+        self.hand_over(out);
+    }
+
+    /// Moves the pending actions to `out`, keeping the vector's room for the next event
+    /// unless a burst (a shutdown failing thousands of requests) left it large.
+    fn hand_over(&mut self, out: &mut Vec<Action>) {
         out.append(&mut self.actions);
+        shrink_after_burst(&mut self.actions);
     }
 
     fn apply(&mut self, event: Event, now: Instant) {
@@ -543,7 +550,7 @@ impl Dispatcher {
     /// [`tick`](Self::tick), its actions appended to `out`.
     pub fn tick_into(&mut self, now: Instant, out: &mut Vec<Action>) {
         self.fire_due(now);
-        out.append(&mut self.actions);
+        self.hand_over(out);
     }
 
     fn fire_due(&mut self, now: Instant) {
@@ -566,6 +573,17 @@ impl Dispatcher {
                 Timer::Shutdown => self.shutdown_deadline(),
             }
         }
+    }
+}
+
+/// Room an emptied action buffer keeps: what an ordinary batch needs, so memory taken
+/// by a burst goes back once it is over.
+const KEPT_ACTIONS: usize = 256;
+
+/// Gives back the room of an empty vector that a burst made large.
+pub(super) fn shrink_after_burst(actions: &mut Vec<Action>) {
+    if actions.capacity() > KEPT_ACTIONS {
+        actions.shrink_to(KEPT_ACTIONS / 4);
     }
 }
 

@@ -236,6 +236,7 @@ pub fn run(
             core.tick_into(now, &mut actions);
         }
         let exit = execute(&mut actions, &mut clients, &mut workers);
+        super::shrink_after_burst(&mut actions);
         shared.publish(&core.gauges());
         if core.models_version() != models_version {
             models_version = core.models_version();

@@ -8,6 +8,7 @@ use crate::protocol::{
     CancelReason, RegisterMessage, RequestMessage, ResponseComplete, ServerMessage, WorkerMessage,
 };
 
+mod actions;
 mod continuation;
 mod pieces;
 mod relays;
@@ -46,12 +47,18 @@ impl Harness {
         self.now = self.t0 + Duration::from_secs_f64(secs);
     }
 
+    /// Through `handle_into` and `tick_into`, as the runtime calls them (`handle` and
+    /// `tick` are the same state change with a vector of their own).
     fn ev(&mut self, event: Event) -> Vec<Action> {
-        self.d.handle(event, self.now)
+        let mut out = Vec::new();
+        self.d.handle_into(event, self.now, &mut out);
+        out
     }
 
     fn tick(&mut self) -> Vec<Action> {
-        self.d.tick(self.now)
+        let mut out = Vec::new();
+        self.d.tick_into(self.now, &mut out);
+        out
     }
 
     fn join(&mut self, id: WorkerId, models: &[&str], max: u32) -> Vec<Action> {
