@@ -254,11 +254,12 @@ impl Backend {
         trim: Option<trim::Policy>,
         emit: &mut dyn FnMut(WorkerMessage),
     ) -> Outcome {
-        if let Err(why) = self.target(&req.endpoint_path) {
-            return Outcome::BadPath(why);
-        }
+        let uri = match self.target(&req.endpoint_path) {
+            Ok(uri) => uri,
+            Err(why) => return Outcome::BadPath(why),
+        };
         if req.body_encoding.is_some() {
-            return binary::forward(self, agent, req, handle, failover, emit);
+            return binary::forward(self, &uri, agent, req, handle, failover, emit);
         }
         // Streams of OpenAI-style completions ask the backend for their token counts; the
         // extra usage chunk is then stripped from what the client gets.
@@ -270,10 +271,11 @@ impl Backend {
         let strip_usage = injected.is_some();
         let mut attempts = trim::Attempts::new(trim, req, injected.as_deref().unwrap_or(&req.body));
         loop {
-            let response = match self.send_once(agent, req, attempts.body().as_bytes(), handle) {
-                Ok(response) => response,
-                Err(outcome) => return outcome,
-            };
+            let response =
+                match self.send_once(&uri, agent, req, attempts.body().as_bytes(), handle) {
+                    Ok(response) => response,
+                    Err(outcome) => return outcome,
+                };
             let status = response.status().as_u16();
             let mut headers = response_headers(&response);
             let length = response
@@ -313,6 +315,7 @@ impl Backend {
     /// once on a fresh agent. `Err`: the request's outcome (cancelled, unreachable, ...).
     fn send_once(
         &self,
+        uri: &ureq::http::Uri,
         agent: &mut ureq::Agent,
         req: &RequestMessage,
         body: &[u8],
@@ -323,7 +326,7 @@ impl Backend {
             if !handle.attach(agent) {
                 return Err(Outcome::Cancelled);
             }
-            match self.send(agent, req, body) {
+            match self.send(uri, agent, req, body) {
                 Ok(resp) => return Ok(resp),
                 Err(_) if handle.is_cancelled() => return Err(Outcome::Cancelled),
                 // A pooled keep-alive connection the backend already closed (llama-server
@@ -368,16 +371,13 @@ impl Backend {
 
     fn send(
         &self,
+        uri: &ureq::http::Uri,
         agent: &ureq::Agent,
         req: &RequestMessage,
         body: impl ureq::AsSendBody,
     ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error> {
-        // `forward` refused a bad path before anything was sent; were one to reach here,
-        // ureq would refuse its text as it did before the check existed.
-        let mut builder = match self.target(&req.endpoint_path) {
-            Ok(uri) => agent.post(uri),
-            Err(_) => agent.post(&self.url(&req.endpoint_path)),
-        };
+        // `uri`: `endpoint_path` as `forward` checked it (a clone shares its bytes).
+        let mut builder = agent.post(uri.clone());
         for (name, value) in &req.headers {
             // The worker's own switch (`X-Context-Trim`) is not the backend's business.
             if (name == "authorization" && self.api_key.is_some()) || name == TRIM_REQUEST_HEADER {

@@ -206,23 +206,16 @@ pub fn run(
             None => inputs.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         let now = Instant::now();
-        match received {
-            Ok(input) => take(
-                &mut core,
-                input,
-                &mut clients,
-                &mut workers,
-                now,
-                &mut actions,
-            ),
-            Err(RecvTimeoutError::Timeout) => {}
+        let first = match received {
+            Ok(input) => Some(input),
+            Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
-        }
+        };
         // Inputs that arrived meanwhile are handled before any action goes out: a
         // burst's messages then reach each socket writer together (one write) and
         // the gauges are published once.
-        for _ in 1..BATCH {
-            let Ok(input) = inputs.try_recv() else { break };
+        let waiting = std::iter::from_fn(|| inputs.try_recv().ok()).take(BATCH - 1);
+        for input in first.into_iter().chain(waiting) {
             take(
                 &mut core,
                 input,

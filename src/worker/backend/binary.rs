@@ -26,6 +26,7 @@ const USAGE_SCAN_BYTES: usize = 1 << 20;
 /// Runs one binary request (the caller checked the path).
 pub(super) fn forward(
     backend: &Backend,
+    uri: &ureq::http::Uri,
     agent: &mut ureq::Agent,
     req: &RequestMessage,
     handle: &Handle,
@@ -33,12 +34,12 @@ pub(super) fn forward(
     emit: &mut dyn FnMut(WorkerMessage),
 ) -> Outcome {
     let sent = match req.body_encoding.as_deref() {
-        Some(PIECES) => super::pieces::send(backend, agent, req, handle, emit),
+        Some(PIECES) => super::pieces::send(backend, uri, agent, req, handle, emit),
         Some(BASE64) => {
             let Ok(body) = binary::decode(&req.body) else {
                 return Outcome::Failed("the request body is not valid base64".into());
             };
-            backend.send_once(agent, req, &body, handle)
+            backend.send_once(uri, agent, req, &body, handle)
         }
         _ => {
             return Outcome::Failed(

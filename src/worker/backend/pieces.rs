@@ -24,6 +24,7 @@ const PIECE_WAIT: Duration = Duration::from_secs(300);
 /// request's outcome.
 pub(super) fn send(
     backend: &Backend,
+    uri: &ureq::http::Uri,
     agent: &mut ureq::Agent,
     req: &RequestMessage,
     handle: &Handle,
@@ -45,7 +46,7 @@ pub(super) fn send(
         emit,
     };
     reader.grant();
-    let sent = backend.send(agent, req, ureq::SendBody::from_reader(&mut reader));
+    let sent = backend.send(uri, agent, req, ureq::SendBody::from_reader(&mut reader));
     match sent {
         Ok(response) => Ok(response),
         Err(_) if handle.is_cancelled() => Err(Outcome::Cancelled),
