@@ -4,7 +4,7 @@
 //! channel, then waits on that channel. While waiting it checks every
 //! [`HANGUP_CHECK`] whether the client hung up (a non-blocking `peek` that sees EOF),
 //! so a client that leaves while queued or while a non-streaming answer is generated
-//! is cancelled within that time. Events themselves wake it at once.
+//! is cancelled within that time. Events themselves wake it at once ([`wait`]).
 //!
 //! Nothing is written until the first chunk or the final event, so a worker that
 //! answers a streaming request with an error status gets that status through, not a
@@ -48,6 +48,7 @@ mod held;
 mod record;
 mod resumable;
 mod upload;
+mod wait;
 mod whole;
 mod write;
 
@@ -343,7 +344,7 @@ impl Session<'_, '_> {
             if let Some(outcome) = self.resume.as_mut().and_then(|t| t.due(Instant::now())) {
                 return self.cancel(outcome);
             }
-            let event = match events.recv_timeout(HANGUP_CHECK) {
+            let event = match wait::next_event(&events, HANGUP_CHECK) {
                 Ok(event) => event,
                 Err(RecvTimeoutError::Timeout) => {
                     if self.client_reads() && self.conn.stream.peer_closed() && !self.hold() {
