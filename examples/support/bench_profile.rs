@@ -41,5 +41,10 @@ pub fn profile_e2e(clients: usize, window: Duration) {
     let pids = [server.pid(), worker.pid()];
     let load = throughput(server.addr, clients, window, &chat(false), &pids);
     println!("requests/s, {clients} clients: {:.0}", load.rps);
+    println!(
+        "latency p50 / p99, {clients} clients (ms): {:.3} / {:.3}",
+        load.latency.p(50).as_secs_f64() * 1e3,
+        load.latency.p(99).as_secs_f64() * 1e3
+    );
     cpu_rows(&format!("{clients} clients"), &load, &["server", "worker"]);
 }
