@@ -9,14 +9,9 @@
 
 use ureq::http::Uri;
 
-/// Why `path` may not be sent to the backend at `base`; `Ok` with the full URL when it may.
-pub fn checked_url(base: &str, path: &str) -> Result<String, &'static str> {
-    checked_uri(base.parse().ok().as_ref(), base, path).map(|uri| uri.to_string())
-}
-
-/// [`checked_url`] with the base parsed once (`None`: it does not parse, so nothing
-/// passes), giving the parsed URL: the request path parses it once, and ureq takes it
-/// as it is.
+/// Why `path` may not be sent to the backend at `base_text`; `Ok` with the full URL when
+/// it may. `base` is `base_text` parsed once by the caller (`None`: it does not parse, so
+/// nothing passes); the URL comes back parsed, and ureq takes it as it is.
 pub fn checked_uri(base: Option<&Uri>, base_text: &str, path: &str) -> Result<Uri, &'static str> {
     if !path.starts_with('/') || path.starts_with("//") {
         return Err("it must be an absolute path starting with a single /");
@@ -58,6 +53,11 @@ mod tests {
     use super::*;
 
     const BASE: &str = "http://127.0.0.1:8000";
+
+    /// The check as a `Backend` makes it, its URL as text.
+    fn checked_url(base: &str, path: &str) -> Result<String, &'static str> {
+        checked_uri(base.parse().ok().as_ref(), base, path).map(|uri| uri.to_string())
+    }
 
     #[test]
     fn ordinary_paths_pass() {
