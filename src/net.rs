@@ -133,6 +133,50 @@ impl Stream {
         send_now(&self.sock, buf)
     }
 
+    /// Whether this is a plain TCP connection (no TLS session), whose clones may write
+    /// on it from another thread.
+    pub fn is_plain(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return false;
+        }
+        true
+    }
+
+    /// What a plain connection holds for a reader right now, without blocking and
+    /// without taking it. A TLS session answers [`Peeked::Nothing`]: its bytes mean
+    /// something only to rustls.
+    #[cfg(unix)]
+    pub fn peek_now(&self) -> Peeked {
+        if !self.is_plain() {
+            return Peeked::Nothing;
+        }
+        use std::os::fd::AsRawFd;
+        let mut probe = [0u8; 1];
+        // SAFETY: `probe` is a live one-byte buffer and the descriptor belongs to
+        // `self.sock`, which outlives the call.
+        let got = unsafe {
+            libc::recv(
+                self.sock.as_raw_fd(),
+                probe.as_mut_ptr().cast(),
+                probe.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        match got {
+            0 => Peeked::Closed,
+            n if n > 0 => Peeked::Data,
+            _ if is_would_block(&io::Error::last_os_error()) => Peeked::Nothing,
+            _ => Peeked::Closed,
+        }
+    }
+
+    /// Other systems: never asked (no direct answers there).
+    #[cfg(not(unix))]
+    pub fn peek_now(&self) -> Peeked {
+        Peeked::Nothing
+    }
+
     /// Closes both directions (a TLS close_notify is attempted first); blocked reads and
     /// writes on any clone return at once.
     pub fn shutdown(&self) {
@@ -165,6 +209,24 @@ impl Stream {
             Ok(_) => false,
             Err(e) => !is_would_block(&e),
         }
+    }
+}
+
+/// What [`Stream::peek_now`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peeked {
+    /// The peer closed its end (or the connection failed).
+    Closed,
+    /// Bytes are waiting.
+    Data,
+    /// Nothing yet.
+    Nothing,
+}
+
+#[cfg(unix)]
+impl std::os::fd::AsRawFd for Stream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
     }
 }
 

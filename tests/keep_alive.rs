@@ -1,9 +1,9 @@
-//! Relayed whole answers on keep-alive connections: ids and counts, pipelining, a client
+//! Relayed whole answers on keep-alive connections, which a worker socket's reader thread
+//! writes itself (`src/server/relay/direct.rs`): ids and counts, pipelining, a client
 //! that leaves, an answer larger than the socket takes at once, the idle timeout, and the
-//! answers that are not plain (chunks, backend errors, a requeue that runs out). The
-//! other suites' clients send `connection: close`; these do not. They also guard the
-//! direct-answer experiment (branch `experiment/direct-answers`, docs/proving.md), in
-//! which the dispatcher thread wrote exactly these answers itself.
+//! answers that go back to the connection thread (chunks, backend errors, a requeue that
+//! runs out). The other suites' clients send `connection: close`, which keeps them on the
+//! channel path.
 
 mod common;
 
@@ -229,4 +229,50 @@ fn a_requeue_that_runs_out_is_answered_on_the_same_connection() {
     let r = read_one(&mut BufReader::new(client));
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["code"], "requeue_exhausted");
+}
+
+#[test]
+fn a_worker_lost_before_its_answer_hands_the_request_to_the_next_one() {
+    let server = TestServer::start();
+    let a = FakeWorker::connect(server.addr, &["m"], 1);
+    let mut client = connect(server.addr);
+    client.write_all(&chat_request("m", "")).unwrap();
+    let first = a.request();
+    let b = FakeWorker::connect(server.addr, &["m"], 1);
+    a.kill();
+    let again = b.request();
+    assert_eq!(again.request_id, first.request_id);
+    b.complete(&again.request_id, 200, "from b");
+    let mut reader = BufReader::new(client.try_clone().unwrap());
+    let r = read_one(&mut reader);
+    assert_eq!((r.status, r.text()), (200, "from b".to_string()));
+    client.write_all(&chat_request("m", "")).unwrap();
+    let next = b.request();
+    b.complete(&next.request_id, 200, "next");
+    assert_eq!(read_one(&mut reader).text(), "next");
+}
+
+#[test]
+fn a_request_timeout_on_a_worker_is_answered_once_and_a_late_answer_dropped() {
+    let server = TestServer::start_with(|c| c.dispatch.request_timeout = Duration::from_secs(1));
+    let worker = FakeWorker::connect(server.addr, &["m"], 1);
+    let mut client = connect(server.addr);
+    let mut reader = BufReader::new(client.try_clone().unwrap());
+    client.write_all(&chat_request("m", "")).unwrap();
+    let req = worker.request();
+    match worker.recv() {
+        ServerMessage::Cancel { request_id, .. } => assert_eq!(request_id, req.request_id),
+        other => panic!("expected the timeout's cancel, got {other:?}"),
+    }
+    let r = read_one(&mut reader);
+    assert_eq!(r.status, 504, "{}", r.text());
+    // The worker answers anyway: nothing more reaches the client, whose next request
+    // gets its own answer.
+    worker.complete(&req.request_id, 200, "late");
+    client.write_all(&chat_request("m", "")).unwrap();
+    let next = worker.request();
+    worker.complete(&next.request_id, 200, "next");
+    let r = read_one(&mut reader);
+    assert_eq!(r.text(), "next");
+    assert_eq!(r.header("x-request-id"), Some(next.request_id.as_str()));
 }

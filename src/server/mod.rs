@@ -73,6 +73,9 @@ pub const THREAD_STACK: usize = 256 * 1024;
 
 /// What every connection thread shares.
 pub struct Ctx {
+    /// This context itself, for what outlives a connection thread's borrow of it (a
+    /// whole answer the dispatcher thread writes and records: `relay/direct.rs`).
+    pub this: std::sync::Weak<Ctx>,
     pub cfg: ServerConfig,
     pub inputs: Sender<Input>,
     pub shared: Arc<Shared>,
@@ -200,7 +203,8 @@ pub fn start(cfg: ServerConfig) -> std::io::Result<Server> {
             .name("dispatcher".into())
             .spawn(move || runtime::run(core, inbox, shared, sleepers))?
     };
-    let ctx = Arc::new(Ctx {
+    let ctx = Arc::new_cyclic(|this| Ctx {
+        this: this.clone(),
         limiter: auth::FailureLimiter::new(10, Duration::from_secs(60), 4096),
         http_metrics: metrics::HttpMetrics::new(cfg.metrics_max_tenants),
         gate: tenancy::gate::Gate::with_store(cfg.tenancy.clone(), &store, &shared),

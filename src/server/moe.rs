@@ -338,7 +338,7 @@ impl Parts<'_> {
             msg,
             who: self.caller.who.clone(),
             progress: false,
-            reply,
+            reply: reply.into(),
             continuable: false,
         };
         if self.ctx.inputs.send(submit).is_err() {

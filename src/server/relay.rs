@@ -22,6 +22,7 @@ use log::debug;
 
 use super::body::{inspect_body, BodyInfo, FORWARDED_HEADERS};
 use super::continuation::{self, Tracker};
+use super::dispatcher::reply::Reply;
 use super::dispatcher::runtime::Input;
 use super::dispatcher::{wire_request_id, ClientEvent, Event, Failure, Needs, RequestId};
 use super::endpoints::Spec;
@@ -38,12 +39,14 @@ use super::Ctx;
 use crate::protocol::{HeaderMap, RequestMessage};
 use boundary::{EventBoundary, Format};
 use bounds::{fits_one_message, is_timeout, MAX_ANSWER_BUFFER, SLOW_WRITE};
+pub use direct::Outlet;
 pub use record::{record, Record};
 
 pub(crate) mod boundary;
 mod bounds;
 mod bytes;
 mod continued;
+mod direct;
 mod held;
 mod record;
 mod resumable;
@@ -210,7 +213,8 @@ pub fn run_with(
     // The marker comment is SSE; the NDJSON routes get none.
     let tracker = continuable.then(|| Tracker::new(msg.clone(), job.reshape.is_none()));
     let (reply, events) = crossbeam_channel::unbounded();
-    let _active = ctx.shared.relay_started();
+    // In progress until the answer is out; a direct answerer takes it over.
+    let mut active = Some(ctx.shared.relay_started());
     let who = caller.who.clone();
     let content_type = job
         .reshape
@@ -263,6 +267,11 @@ pub fn run_with(
             upload
         }),
     };
+    // A plain whole answer is written by the dispatcher thread ([`direct`]).
+    let outlet = session.direct_outlet(&msg, progress);
+    let direct = outlet
+        .clone()
+        .and_then(|outlet| session.direct(outlet, reply.clone(), &mut active));
     let submit = Input::Submit {
         id,
         msg,
@@ -270,13 +279,19 @@ pub fn run_with(
         needs,
         prints,
         progress,
-        reply,
+        reply: match direct {
+            Some(direct) => Reply::Direct(Box::new(direct)),
+            None => reply.into(),
+        },
         continuable,
     };
     if ctx.inputs.send(submit).is_err() {
         return session.finish_with(ClientEvent::Failed(Failure::ShuttingDown), Vec::new());
     }
-    session.wait(events)
+    match outlet {
+        Some(outlet) => session.await_direct(&outlet, events),
+        None => session.wait(events),
+    }
 }
 
 /// The client headers that travel to the backend, minus the relay's own key; the
@@ -526,28 +541,18 @@ impl Session<'_, '_> {
         );
     }
 
-    fn queue_wait_ms(&self) -> String {
-        self.queue_wait
-            .unwrap_or_else(|| self.started.elapsed())
-            .as_millis()
-            .to_string()
+    /// What the relay's own headers say of this request.
+    fn stamp(&self) -> whole::Stamp<'_> {
+        whole::Stamp {
+            wire: &self.wire,
+            started: self.started,
+            queue_wait: self.queue_wait,
+            rate: self.rate.as_ref(),
+        }
     }
 
-    /// Headers every relayed answer carries: request id, queue wait, time on the worker
-    /// so far (dispatch to now: the last byte for whole answers, the first for streams)
-    /// and the tenant's rate-limit state.
+    /// See [`whole::Stamp::headers`].
     fn relay_headers(&self) -> Vec<(&'static str, Cow<'_, str>)> {
-        // Room for all of them at once: this runs for every answer.
-        let mut h = Vec::with_capacity(6);
-        h.push(("x-request-id", Cow::Borrowed(self.wire.as_str())));
-        h.push(("x-queue-wait-ms", Cow::Owned(self.queue_wait_ms())));
-        if let Some(wait) = self.queue_wait {
-            let on_worker = self.started.elapsed().saturating_sub(wait);
-            h.push(("x-gpu-time-ms", on_worker.as_millis().to_string().into()));
-        }
-        if let Some(rate) = &self.rate {
-            h.extend(rate.render().into_iter().map(|(n, v)| (n, Cow::Owned(v))));
-        }
-        h
+        self.stamp().headers()
     }
 }

@@ -98,10 +98,11 @@ impl Shared {
         self.shutting_down.load(Ordering::Relaxed)
     }
 
-    /// Counts a relay in progress until the returned guard drops.
-    pub fn relay_started(&self) -> RelayGuard<'_> {
+    /// Counts a relay in progress until the returned guard drops (on whichever thread
+    /// finishes the answer: see `relay/direct.rs`).
+    pub fn relay_started(self: &Arc<Self>) -> RelayGuard {
         self.relays.fetch_add(1, Ordering::AcqRel);
-        RelayGuard(self)
+        RelayGuard(self.clone())
     }
 
     pub fn relays(&self) -> usize {
@@ -109,9 +110,9 @@ impl Shared {
     }
 }
 
-pub struct RelayGuard<'a>(&'a Shared);
+pub struct RelayGuard(Arc<Shared>);
 
-impl Drop for RelayGuard<'_> {
+impl Drop for RelayGuard {
     fn drop(&mut self) {
         self.0.relays.fetch_sub(1, Ordering::AcqRel);
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 use tungstenite::protocol::Role;
 
+use super::dispatcher::reply::Lent;
 use crate::net::Stream;
 use crate::protocol::ServerMessage;
 use crate::ws::{self, Writer};
@@ -25,6 +26,8 @@ pub struct WorkerLink {
     work: Condvar,
     /// A clone of the socket for the non-blocking sends.
     stream: Stream,
+    /// Whole answers this socket's reader writes when they arrive (`dispatcher/reply.rs`).
+    pub answers: Lent,
 }
 
 impl std::fmt::Debug for WorkerLink {
@@ -51,6 +54,7 @@ impl WorkerLink {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             stream,
+            answers: Lent::default(),
         }
     }
 

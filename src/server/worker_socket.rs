@@ -18,7 +18,7 @@ use tungstenite::Message;
 
 use super::auth::authorize_worker;
 use super::dispatcher::runtime::Input;
-use super::dispatcher::{Event, WorkerId};
+use super::dispatcher::{parse_request_id, Event, WorkerId};
 use super::errors::{ApiError, Style};
 use super::http::request::{Conn, Request};
 use super::reply::write_error;
@@ -176,6 +176,7 @@ fn read_loop(
         match result {
             Ok(Message::Text(text)) => match WorkerMessage::parse(&text) {
                 Ok(msg) => {
+                    answer_lent(link, &msg);
                     if ctx
                         .inputs
                         .send(Input::Event(Event::WorkerSaid(id, msg)))
@@ -196,5 +197,33 @@ fn read_loop(
             Ok(_) => {}
             Err(e) => return format!("socket error: {e}"),
         }
+    }
+}
+
+/// Writes a complete answer at once when its answerer was lent to this socket
+/// (`dispatcher/reply.rs`) and nothing else came for the request before it; the
+/// dispatcher still gets every message, for its bookkeeping.
+fn answer_lent(link: &WorkerLink, msg: &WorkerMessage) {
+    let other = match msg {
+        WorkerMessage::ResponseComplete(rc) => {
+            let lent =
+                parse_request_id(&rc.request_id).and_then(|id| link.answers.take_for_answer(id));
+            if let Some(mut answerer) = lent {
+                answerer.answer(rc);
+            }
+            return;
+        }
+        WorkerMessage::ResponseChunk { request_id, .. }
+        | WorkerMessage::ResponseHead { request_id, .. }
+        | WorkerMessage::Busy { request_id, .. }
+        | WorkerMessage::BodyCredit { request_id, .. }
+        | WorkerMessage::Error {
+            request_id: Some(request_id),
+            ..
+        } => request_id,
+        _ => return,
+    };
+    if let Some(id) = parse_request_id(other) {
+        link.answers.spoil(id);
     }
 }

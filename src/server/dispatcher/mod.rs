@@ -34,6 +34,7 @@ mod pieces;
 mod registry;
 mod relay_affinity;
 mod relays;
+pub mod reply;
 mod requests;
 pub mod routing;
 pub mod runtime;

@@ -11,11 +11,12 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::debug;
 
 use super::lifecycle::{OpRefusal, OperationRequest, TaskView};
+use super::reply::Reply;
 use super::{
     Action, ClientEvent, Counters, Dispatcher, Event, Gauges, Health, LiveLoad, RequestId, Who,
     WorkerId,
 };
-use crate::protocol::{RegisterMessage, RequestMessage};
+use crate::protocol::{RegisterMessage, RequestMessage, ServerMessage};
 use crate::server::shared::Shared;
 use crate::server::worker_link::{self, WorkerLink};
 use crate::ws::close_code;
@@ -33,7 +34,8 @@ pub enum Input {
         progress: bool,
         /// See [`Event::Submit`].
         continuable: bool,
-        reply: Sender<ClientEvent>,
+        /// The request's events go here: a channel, or an answerer on this thread.
+        reply: Reply,
     },
     WorkerJoined {
         id: WorkerId,
@@ -195,7 +197,7 @@ pub fn run(
     sleepers: crate::server::power::SleeperStore,
 ) {
     let mut sleepers_version = core.sleepers().version();
-    let mut clients: HashMap<RequestId, Sender<ClientEvent>> = HashMap::new();
+    let mut clients: HashMap<RequestId, Reply> = HashMap::new();
     let mut workers = Links::default();
     let mut models_version = u64::MAX;
     // One buffer for every batch's actions (emptied as they are carried out).
@@ -228,7 +230,7 @@ pub fn run(
         if core.next_deadline().is_some_and(|at| at <= now) {
             core.tick_into(now, &mut actions);
         }
-        let exit = execute(&mut actions, &mut clients, &mut workers);
+        let exit = execute(&mut actions, &mut clients, &mut workers, &core, now);
         super::shrink_after_burst(&mut actions);
         shared.publish(&core.gauges());
         if core.models_version() != models_version {
@@ -253,7 +255,7 @@ pub fn run(
 fn take(
     core: &mut Dispatcher,
     input: Input,
-    clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
+    clients: &mut HashMap<RequestId, Reply>,
     workers: &mut Links,
     now: Instant,
     actions: &mut Vec<Action>,
@@ -273,7 +275,7 @@ fn take(
 
 fn route_input(
     input: Input,
-    clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
+    clients: &mut HashMap<RequestId, Reply>,
     workers: &mut Links,
 ) -> Event {
     match input {
@@ -299,7 +301,7 @@ fn route_input(
             }
         }
         Input::Attach { id, msg, reply } => {
-            clients.insert(id, reply);
+            clients.insert(id, reply.into());
             Event::Attach { id, msg }
         }
         Input::WorkerJoined {
@@ -318,6 +320,7 @@ fn route_input(
         Input::Event(event) => {
             if let Event::WorkerLeft { id, .. } = &event {
                 if let Some(link) = workers.remove(id) {
+                    take_back_all(clients, &link);
                     link.going_away();
                 }
             }
@@ -492,8 +495,10 @@ impl Drop for Links {
 /// its socket is closed), so a burst costs one `send` per socket.
 fn execute(
     actions: &mut Vec<Action>,
-    clients: &mut HashMap<RequestId, Sender<ClientEvent>>,
+    clients: &mut HashMap<RequestId, Reply>,
     workers: &mut Links,
+    core: &Dispatcher,
+    now: Instant,
 ) -> bool {
     let mut exit = false;
     let mut frames: Vec<(WorkerId, Vec<u8>)> = Vec::new();
@@ -503,6 +508,9 @@ fn execute(
                 if !workers.contains_key(&id) {
                     // The socket is going away; its WorkerLeft event is on its way to us.
                     continue;
+                }
+                if let ServerMessage::Request(req) = &msg {
+                    lend(clients, workers, id, &req.request_id, core, now);
                 }
                 let at = match frames.iter().position(|(w, _)| *w == id) {
                     Some(at) => at,
@@ -521,14 +529,21 @@ fn execute(
                     }
                 }
                 if let Some(link) = workers.remove(&id) {
+                    take_back_all(clients, &link);
                     link.close(close_code_for(&reason), reason);
                 }
             }
             Action::ToClient(id, event) => {
-                let delivered = if event.is_final() {
-                    clients.remove(&id).map(|tx| tx.send(event).is_ok())
+                let delivered = if !take_back(clients, workers, id) {
+                    // A worker socket's reader wrote the answer already.
+                    if event.is_final() {
+                        clients.remove(&id);
+                    }
+                    continue;
+                } else if event.is_final() {
+                    clients.remove(&id).map(|mut reply| reply.send(event))
                 } else {
-                    clients.get(&id).map(|tx| tx.send(event).is_ok())
+                    clients.get_mut(&id).map(|reply| reply.send(event))
                 };
                 if delivered != Some(true) {
                     debug!("client of request {id} is gone; event dropped");
@@ -544,6 +559,57 @@ fn execute(
         }
     }
     exit
+}
+
+/// A request going to `worker`: its direct answerer, if it has one, is lent to that
+/// socket, whose reader then writes the answer (`reply.rs`). One lent to another socket
+/// is taken back first (a requeue); when that socket's reader already wrote the answer,
+/// nobody is left to tell anything.
+fn lend(
+    clients: &mut HashMap<RequestId, Reply>,
+    workers: &Links,
+    worker: WorkerId,
+    wire: &str,
+    core: &Dispatcher,
+    now: Instant,
+) {
+    let Some(id) = super::parse_request_id(wire) else {
+        return;
+    };
+    if !take_back(clients, workers, id) {
+        clients.remove(&id);
+        return;
+    }
+    let (Some(link), Some(Reply::Direct(_))) = (workers.get(&worker), clients.get(&id)) else {
+        return;
+    };
+    if let Some(Reply::Direct(mut answerer)) = clients.insert(id, Reply::Lent(worker)) {
+        let name = core.registry().get(worker).map_or("", |w| w.name.as_str());
+        answerer.dispatched(name, now);
+        link.answers.lend(id, answerer);
+    }
+}
+
+/// Takes a lent answerer back from its socket; false when that socket's reader has it
+/// (it wrote the answer).
+fn take_back(clients: &mut HashMap<RequestId, Reply>, workers: &Links, id: RequestId) -> bool {
+    let Some(Reply::Lent(worker)) = clients.get(&id) else {
+        return true;
+    };
+    match workers.get(worker).and_then(|link| link.answers.take(id)) {
+        Some(answerer) => {
+            clients.insert(id, Reply::Direct(answerer));
+            true
+        }
+        None => false,
+    }
+}
+
+/// Takes back everything lent to a socket that is going away.
+fn take_back_all(clients: &mut HashMap<RequestId, Reply>, link: &WorkerLink) {
+    for (id, answerer) in link.answers.take_all() {
+        clients.insert(id, Reply::Direct(answerer));
+    }
 }
 
 fn close_code_for(reason: &str) -> u16 {

@@ -112,6 +112,9 @@ pub struct Conn {
     /// The read timeout the socket has now; changed only when a read needs another
     /// (a request that arrives in one piece costs no `setsockopt` at all).
     read_timeout: Option<Duration>,
+    /// Where the dispatcher thread writes this connection's whole answers, made on the
+    /// first one (`relay/direct.rs`).
+    pub(crate) outlet: Option<Arc<crate::server::relay::Outlet>>,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -125,6 +128,7 @@ impl Conn {
             buf: Vec::new(),
             unread_body: false,
             read_timeout: None,
+            outlet: None,
         }
     }
 
@@ -161,6 +165,11 @@ impl Conn {
     }
 
     /// Bytes read past the last request (used after a WebSocket upgrade).
+    /// Whether bytes past the current request were read already (a pipelined request).
+    pub fn has_buffered(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     pub fn take_buffered(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.buf)
     }

@@ -147,7 +147,7 @@ impl Session<'_, '_> {
             },
             prints: Fingerprints::None,
             progress: false,
-            reply,
+            reply: reply.into(),
             continuable: false,
         };
         if self.ctx.inputs.send(submit).is_err() {

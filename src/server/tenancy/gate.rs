@@ -94,6 +94,12 @@ impl Gate {
         }))
     }
 
+    /// Whether a finished request of `tenant` is charged tokens: a charge may be a
+    /// round trip to the shared store, which only a thread that may wait can make.
+    pub fn charges_tokens(&self, tenant: &str) -> bool {
+        self.policy.token_rate(tenant).is_some()
+    }
+
     /// Charges the tokens a finished request used against its tenant's budget.
     pub fn charge(&self, tenant: &str, tokens: u64, now: Instant) {
         if tokens == 0 {
