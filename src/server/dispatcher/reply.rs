@@ -7,6 +7,7 @@
 //! runtime sees any of this: the state machine names clients by request id alone.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
@@ -14,6 +15,7 @@ use parking_lot::Mutex;
 
 use super::{ClientEvent, RequestId, WorkerId};
 use crate::protocol::ResponseComplete;
+use crate::server::worker_link::WorkerLink;
 
 /// Takes a request's events on the dispatcher thread, or its answer on a worker socket's
 /// reader thread. It must never block either: a socket it writes to is written without
@@ -114,6 +116,59 @@ impl Lent {
     }
 }
 
+/// A request going to `worker`: its direct answerer, if it has one, is lent to that
+/// socket, whose reader then writes the answer. One lent to another socket is taken
+/// back first (a requeue); when that socket's reader already wrote the answer, nobody is
+/// left to tell anything. `dispatch`: the worker's name and when it was sent there.
+pub(super) fn lend(
+    clients: &mut HashMap<RequestId, Reply>,
+    links: &HashMap<WorkerId, Arc<WorkerLink>>,
+    worker: WorkerId,
+    wire: &str,
+    dispatch: (&str, Instant),
+) {
+    let Some(id) = super::parse_request_id(wire) else {
+        return;
+    };
+    if !take_back(clients, links, id) {
+        clients.remove(&id);
+        return;
+    }
+    let (Some(link), Some(Reply::Direct(_))) = (links.get(&worker), clients.get(&id)) else {
+        return;
+    };
+    if let Some(Reply::Direct(mut answerer)) = clients.insert(id, Reply::Lent(worker)) {
+        answerer.dispatched(dispatch.0, dispatch.1);
+        link.answers.lend(id, answerer);
+    }
+}
+
+/// Takes a lent answerer back from its socket; false when that socket's reader has it
+/// (it wrote the answer).
+pub(super) fn take_back(
+    clients: &mut HashMap<RequestId, Reply>,
+    links: &HashMap<WorkerId, Arc<WorkerLink>>,
+    id: RequestId,
+) -> bool {
+    let Some(Reply::Lent(worker)) = clients.get(&id) else {
+        return true;
+    };
+    match links.get(worker).and_then(|link| link.answers.take(id)) {
+        Some(answerer) => {
+            clients.insert(id, Reply::Direct(answerer));
+            true
+        }
+        None => false,
+    }
+}
+
+/// Takes back everything lent to a socket that is going away.
+pub(super) fn take_back_all(clients: &mut HashMap<RequestId, Reply>, link: &WorkerLink) {
+    for (id, answerer) in link.answers.take_all() {
+        clients.insert(id, Reply::Direct(answerer));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +202,49 @@ mod tests {
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].0, 2);
         assert!(lent.take(2).is_none());
+    }
+
+    fn link() -> Arc<WorkerLink> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        Arc::new(WorkerLink::new(crate::net::Stream::plain(ours)))
+    }
+
+    #[test]
+    fn a_direct_answerer_is_lent_taken_back_and_lost_to_the_reader() {
+        let id: RequestId = 7;
+        let wire = super::super::wire_request_id(id);
+        let links: HashMap<WorkerId, Arc<WorkerLink>> = [(1, link()), (2, link())].into();
+        let mut clients = HashMap::new();
+        clients.insert(id, Reply::Direct(Box::new(Counting(0))));
+        lend(&mut clients, &links, 1, &wire, ("w1", Instant::now()));
+        assert!(matches!(clients.get(&id), Some(Reply::Lent(1))));
+        // A requeue to worker 2 takes it back from worker 1's socket first.
+        lend(&mut clients, &links, 2, &wire, ("w2", Instant::now()));
+        assert!(matches!(clients.get(&id), Some(Reply::Lent(2))));
+        assert!(links[&1].answers.take(id).is_none());
+        // Worker 2's reader answers: the dispatcher's later events find nobody.
+        assert!(links[&2].answers.take_for_answer(id).is_some());
+        assert!(!take_back(&mut clients, &links, id));
+        // A channel reply is never lent.
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        clients.insert(id, Reply::from(tx));
+        lend(&mut clients, &links, 1, &wire, ("w1", Instant::now()));
+        assert!(matches!(clients.get(&id), Some(Reply::Channel(_))));
+        assert!(take_back(&mut clients, &links, id));
+    }
+
+    #[test]
+    fn a_socket_going_away_gives_back_all_it_was_lent() {
+        let links: HashMap<WorkerId, Arc<WorkerLink>> = [(1, link())].into();
+        let mut clients = HashMap::new();
+        for id in [3, 4] {
+            clients.insert(id, Reply::Direct(Box::new(Counting(0))));
+            let wire = super::super::wire_request_id(id);
+            lend(&mut clients, &links, 1, &wire, ("w1", Instant::now()));
+        }
+        take_back_all(&mut clients, &links[&1]);
+        assert!(clients.values().all(|r| matches!(r, Reply::Direct(_))));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::debug;
 
 use super::lifecycle::{OpRefusal, OperationRequest, TaskView};
-use super::reply::Reply;
+use super::reply::{self, Reply};
 use super::{
     Action, ClientEvent, Counters, Dispatcher, Event, Gauges, Health, LiveLoad, RequestId, Who,
     WorkerId,
@@ -320,7 +320,7 @@ fn route_input(
         Input::Event(event) => {
             if let Event::WorkerLeft { id, .. } = &event {
                 if let Some(link) = workers.remove(id) {
-                    take_back_all(clients, &link);
+                    reply::take_back_all(clients, &link);
                     link.going_away();
                 }
             }
@@ -510,7 +510,8 @@ fn execute(
                     continue;
                 }
                 if let ServerMessage::Request(req) = &msg {
-                    lend(clients, workers, id, &req.request_id, core, now);
+                    let name = core.registry().get(id).map_or("", |w| w.name.as_str());
+                    reply::lend(clients, workers, id, &req.request_id, (name, now));
                 }
                 let at = match frames.iter().position(|(w, _)| *w == id) {
                     Some(at) => at,
@@ -529,12 +530,12 @@ fn execute(
                     }
                 }
                 if let Some(link) = workers.remove(&id) {
-                    take_back_all(clients, &link);
+                    reply::take_back_all(clients, &link);
                     link.close(close_code_for(&reason), reason);
                 }
             }
             Action::ToClient(id, event) => {
-                let delivered = if !take_back(clients, workers, id) {
+                let delivered = if !reply::take_back(clients, workers, id) {
                     // A worker socket's reader wrote the answer already.
                     if event.is_final() {
                         clients.remove(&id);
@@ -559,57 +560,6 @@ fn execute(
         }
     }
     exit
-}
-
-/// A request going to `worker`: its direct answerer, if it has one, is lent to that
-/// socket, whose reader then writes the answer (`reply.rs`). One lent to another socket
-/// is taken back first (a requeue); when that socket's reader already wrote the answer,
-/// nobody is left to tell anything.
-fn lend(
-    clients: &mut HashMap<RequestId, Reply>,
-    workers: &Links,
-    worker: WorkerId,
-    wire: &str,
-    core: &Dispatcher,
-    now: Instant,
-) {
-    let Some(id) = super::parse_request_id(wire) else {
-        return;
-    };
-    if !take_back(clients, workers, id) {
-        clients.remove(&id);
-        return;
-    }
-    let (Some(link), Some(Reply::Direct(_))) = (workers.get(&worker), clients.get(&id)) else {
-        return;
-    };
-    if let Some(Reply::Direct(mut answerer)) = clients.insert(id, Reply::Lent(worker)) {
-        let name = core.registry().get(worker).map_or("", |w| w.name.as_str());
-        answerer.dispatched(name, now);
-        link.answers.lend(id, answerer);
-    }
-}
-
-/// Takes a lent answerer back from its socket; false when that socket's reader has it
-/// (it wrote the answer).
-fn take_back(clients: &mut HashMap<RequestId, Reply>, workers: &Links, id: RequestId) -> bool {
-    let Some(Reply::Lent(worker)) = clients.get(&id) else {
-        return true;
-    };
-    match workers.get(worker).and_then(|link| link.answers.take(id)) {
-        Some(answerer) => {
-            clients.insert(id, Reply::Direct(answerer));
-            true
-        }
-        None => false,
-    }
-}
-
-/// Takes back everything lent to a socket that is going away.
-fn take_back_all(clients: &mut HashMap<RequestId, Reply>, link: &WorkerLink) {
-    for (id, answerer) in link.answers.take_all() {
-        clients.insert(id, Reply::Direct(answerer));
-    }
 }
 
 fn close_code_for(reason: &str) -> u16 {
