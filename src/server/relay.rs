@@ -5,6 +5,8 @@
 //! [`HANGUP_CHECK`] whether the client hung up (a non-blocking `peek` that sees EOF),
 //! so a client that leaves while queued or while a non-streaming answer is generated
 //! is cancelled within that time. Events themselves wake it at once ([`wait`]).
+//! A plain whole answer on a keep-alive connection is written instead by the thread that
+//! holds it, while the connection thread sleeps on its socket ([`direct`]).
 //!
 //! Nothing is written until the first chunk or the final event, so a worker that
 //! answers a streaming request with an error status gets that status through, not a
@@ -267,7 +269,7 @@ pub fn run_with(
             upload
         }),
     };
-    // A plain whole answer is written by the dispatcher thread ([`direct`]).
+    // A plain whole answer is written by the thread that holds it ([`direct`]).
     let outlet = session.direct_outlet(&msg, progress);
     let direct = outlet
         .clone()

@@ -46,7 +46,7 @@ use crate::protocol::{RequestMessage, ResponseComplete};
 mod wake;
 use wake::{Wake, Woke};
 
-/// One connection's way for the dispatcher thread to answer on it: a clone of the
+/// One connection's way for another thread to answer on it: a clone of the
 /// socket, a doorbell for its thread, and where its current request stands.
 pub struct Outlet {
     stream: Stream,
@@ -106,7 +106,8 @@ impl Outlet {
     }
 }
 
-/// The dispatcher thread's side of one direct request.
+/// The answering side of one direct request: on the dispatcher thread, or lent to the
+/// reader thread of the worker socket its request runs on.
 pub(super) struct Direct {
     outlet: Arc<Outlet>,
     ctx: Arc<Ctx>,
@@ -129,7 +130,7 @@ pub(super) struct Direct {
 /// Who acts on this request's events.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Handling {
-    /// This answerer, on the dispatcher thread.
+    /// This answerer, wherever it is (dispatcher, or a worker socket's reader).
     Here,
     /// The connection thread, through its channel.
     Handed,
@@ -310,7 +311,7 @@ enum Step {
 }
 
 impl Session<'_, '_> {
-    /// This request's outlet, when its answer can be written whole by the dispatcher.
+    /// This request's outlet, when its answer can be written by the thread that holds it.
     pub(super) fn direct_outlet(
         &mut self,
         msg: &RequestMessage,
@@ -337,7 +338,6 @@ impl Session<'_, '_> {
         Some(outlet)
     }
 
-    /// The dispatcher thread's answerer for this request.
     /// The answerer for this request; it takes over counting the request as in progress.
     pub(super) fn direct(
         &self,
