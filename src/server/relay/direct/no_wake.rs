@@ -8,6 +8,8 @@ use crate::net::Stream;
 
 pub struct Wake;
 
+/// What Linux's doorbell reports; no wait here ever ends but in a timeout.
+#[allow(dead_code)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Woke {
     Socket,
