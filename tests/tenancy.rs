@@ -465,13 +465,15 @@ fn tenant_metrics_are_exposed() {
     let req = worker.request();
     worker.complete(&req.request_id, 200, "{}");
     assert_eq!(read_response(&mut s).status, 200);
-    let text = request(server.addr, "GET", "/metrics", None, &[]).text();
-    assert!(
-        text.contains(
-            "modelrelay_tenant_requests_total{tenant=\"team-x\",priority=\"low\",status_class=\"2xx\"} 1"
-        ),
-        "{text}"
-    );
+    // A request is counted after its last byte is written: the client can read its
+    // answer first, so wait for the count rather than race it.
+    let counted =
+        "modelrelay_tenant_requests_total{tenant=\"team-x\",priority=\"low\",status_class=\"2xx\"} 1";
+    let mut text = String::new();
+    wait_until("the request counted", || {
+        text = request(server.addr, "GET", "/metrics", None, &[]).text();
+        (text.contains(counted), text.clone())
+    });
     assert!(text.contains(
         "modelrelay_tenant_queue_wait_seconds_count{tenant=\"team-x\",priority=\"low\"} 1"
     ));
