@@ -177,6 +177,21 @@ impl Stream {
         Peeked::Nothing
     }
 
+    /// Reads once, appending at most `max` bytes to `buf`; `Ok(0)` is end of stream. A
+    /// plain connection on Unix reads straight into `buf`'s spare room; a read through a
+    /// zeroed scratch array cost the server a 16 KiB `memset` and a copy per request.
+    pub fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        #[cfg(unix)]
+        if self.is_plain() {
+            return recv_append(&self.sock, buf, max);
+        }
+        let start = buf.len();
+        buf.resize(start + max, 0);
+        let read = self.read(&mut buf[start..]);
+        buf.truncate(start + read.as_ref().map_or(0, |n| *n));
+        read
+    }
+
     /// Closes both directions (a TLS close_notify is attempted first); blocked reads and
     /// writes on any clone return at once.
     pub fn shutdown(&self) {
@@ -420,6 +435,25 @@ pub mod tls {
             .with_no_client_auth();
         Ok(Arc::new(config))
     }
+}
+
+/// One `recv` into the spare room of `buf` (as `TcpStream::read` does it, flags 0).
+#[cfg(unix)]
+fn recv_append(sock: &TcpStream, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    buf.reserve(max);
+    let room = buf.spare_capacity_mut();
+    let len = room.len().min(max);
+    // SAFETY: `room` is at least `len` bytes of `buf`'s allocation past its length, and
+    // the descriptor belongs to `sock`, which outlives the call.
+    let got = unsafe { libc::recv(sock.as_raw_fd(), room.as_mut_ptr().cast(), len, 0) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = got.unsigned_abs().min(len);
+    // SAFETY: `recv` wrote (initialised) exactly `n` bytes at the start of the spare room.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
 }
 
 #[cfg(unix)]

@@ -24,6 +24,7 @@ use crate::protocol::{HeaderMap, RequestMessage, ResponseComplete, WorkerMessage
 mod binary;
 mod failure;
 mod pieces;
+mod resolve;
 mod socket;
 pub use failure::is_connection_failure;
 use failure::{is_stale_connection, unavailable};
@@ -117,10 +118,10 @@ const AGENT_INPUT_BUFFER: usize = 32 * 1024;
 const AGENT_OUTPUT_BUFFER: usize = 16 * 1024;
 
 /// A new agent with its own connection pool (one idle keep-alive connection), over the
-/// slot's own transport ([`socket`]: one `send` per request, a one-call liveness check);
+/// slot's own transport ([`socket`]: one `send` per request, a one-call liveness check)
+/// and its own resolver ([`resolve`]: the backend's address kept for a few seconds);
 /// a CONNECT proxy from the environment still comes first, as in ureq's default chain.
 pub fn fresh_agent() -> ureq::Agent {
-    use ureq::unversioned::resolver::DefaultResolver;
     use ureq::unversioned::transport::{ConnectProxyConnector, Connector};
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -132,7 +133,7 @@ pub fn fresh_agent() -> ureq::Agent {
         .user_agent(concat!("modelrelay-worker/", env!("CARGO_PKG_VERSION")))
         .build();
     let connector = ().chain(ConnectProxyConnector::default()).chain(socket::BackendConnector);
-    ureq::Agent::with_parts(config, connector, DefaultResolver::default())
+    ureq::Agent::with_parts(config, connector, resolve::CachedResolver::default())
 }
 
 impl Backend {

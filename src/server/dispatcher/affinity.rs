@@ -15,6 +15,7 @@
 //!
 //! The routing policy that reads this lives in `routing.rs`.
 
+use super::ids::IdMap;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -39,9 +40,9 @@ pub fn model_key(model: &str) -> u64 {
 /// What the dispatcher remembers for affinity, and who waits for which worker.
 #[derive(Debug, Default)]
 pub struct Affinity {
-    workers: HashMap<WorkerId, Lru>,
+    workers: IdMap<Lru>,
     /// Requests waiting for a full worker that holds their prefix, per worker.
-    waiting: HashMap<WorkerId, u32>,
+    waiting: IdMap<u32>,
 }
 
 impl Affinity {

@@ -22,6 +22,7 @@
 //! A request's [`Place`] (class, tag, arrival order) is handed back when it leaves the
 //! queue for a worker; a requeue restores it, so the request goes back where it stood.
 
+use super::ids::IdMap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -211,7 +212,7 @@ impl Class {
 #[derive(Debug)]
 pub struct FairQueue {
     classes: [Class; 3],
-    entries: HashMap<RequestId, Entry>,
+    entries: IdMap<Entry>,
     per_tenant: HashMap<Arc<str>, usize>,
     aging: Option<Duration>,
     next_seq: u64,
@@ -222,7 +223,7 @@ impl FairQueue {
     pub fn new(aging: Option<Duration>) -> FairQueue {
         FairQueue {
             classes: Default::default(),
-            entries: HashMap::new(),
+            entries: IdMap::default(),
             per_tenant: HashMap::new(),
             aging: aging.filter(|a| !a.is_zero()),
             next_seq: 0,

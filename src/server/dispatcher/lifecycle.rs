@@ -12,6 +12,7 @@
 //! - flush: the named runner, else every operating worker advertising the model, or all
 //!   of them for a flush without a model.
 
+use super::ids::IdMap;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -175,7 +176,7 @@ impl Task {
 #[derive(Debug, Default)]
 pub struct Tasks {
     next: u64,
-    tasks: HashMap<u64, Task>,
+    tasks: IdMap<Task>,
     finished: VecDeque<u64>,
     /// Wire operation id → (task, part index).
     operations: HashMap<String, (u64, usize)>,

@@ -28,6 +28,7 @@ mod attach;
 mod config;
 mod continuation;
 pub mod fair_queue;
+pub mod ids;
 pub mod lifecycle;
 mod outliers;
 mod pieces;
@@ -45,6 +46,7 @@ mod stats;
 mod tests;
 mod workers;
 
+use ids::IdMap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,7 +69,11 @@ pub type RequestId = u64;
 
 /// Renders a request id as sent on the wire and in `X-Request-Id`.
 pub fn wire_request_id(id: RequestId) -> String {
-    format!("r-{id:016x}")
+    use std::fmt::Write;
+    // Sized up front: `format!` grew its string twice on the way to 18 bytes.
+    let mut wire = String::with_capacity(18);
+    let _ = write!(wire, "r-{id:016x}");
+    wire
 }
 
 /// Parses a wire request id back; foreign ids are `None`.
@@ -362,7 +368,7 @@ pub struct Dispatcher {
     queue: FairQueue,
     /// When recent requests finished, for the drain rate behind `Retry-After`.
     recent_done: std::collections::VecDeque<Instant>,
-    requests: HashMap<RequestId, Request>,
+    requests: IdMap<Request>,
     timers: BTreeSet<(Instant, Timer)>,
     /// When each model was last advertised by some worker (for fast 404s on typos).
     model_seen: HashMap<String, Instant>,
@@ -380,7 +386,7 @@ pub struct Dispatcher {
     sleepers: sleepers::Sleepers,
     next_wake_seq: u64,
     /// Resumes of streams held on workers, under way ([`attach`]).
-    attaches: HashMap<RequestId, attach::Attaching>,
+    attaches: IdMap<attach::Attaching>,
 }
 
 impl Dispatcher {
@@ -391,7 +397,7 @@ impl Dispatcher {
             registry: Registry::default(),
             queue: FairQueue::new(Some(cfg.priority_aging)),
             recent_done: std::collections::VecDeque::new(),
-            requests: HashMap::new(),
+            requests: IdMap::default(),
             model_seen: HashMap::new(),
             phase: Phase::Running,
             grace_pending: None,
@@ -402,7 +408,7 @@ impl Dispatcher {
             affinity: affinity::Affinity::default(),
             sleepers: sleepers::Sleepers::default(),
             next_wake_seq: 0,
-            attaches: HashMap::new(),
+            attaches: IdMap::default(),
             cfg,
         };
         d.timers

@@ -2,11 +2,11 @@
 //!
 //! Owned by the dispatcher thread; nothing else touches it.
 
+use super::ids::IdSet;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use super::outliers::{Health, Record};
-use super::RequestId;
 use crate::protocol::lifecycle::{WorkerStatus, FEATURE_LIFECYCLE};
 use crate::protocol::{ModelInfo, ModelInfoMap};
 
@@ -62,7 +62,7 @@ pub struct Worker {
     model_set: HashSet<String>,
     pub max_concurrent: u32,
     /// Requests this server has dispatched to the worker and not yet seen finish.
-    pub in_flight: HashSet<RequestId>,
+    pub in_flight: IdSet,
     /// Load the worker reports beyond what we dispatched (e.g. another server's work).
     pub external_load: u32,
     pub reported_load: u32,
@@ -127,7 +127,7 @@ impl Worker {
             models,
             model_set,
             max_concurrent,
-            in_flight: HashSet::new(),
+            in_flight: IdSet::default(),
             external_load: 0,
             reported_load: 0,
             drain: DrainState::Active,

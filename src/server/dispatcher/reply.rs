@@ -6,7 +6,7 @@
 //! reader thread writes the worker's complete answer the moment it arrives. Only the
 //! runtime sees any of this: the state machine names clients by request id alone.
 
-use std::collections::HashMap;
+use super::ids::IdMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -70,7 +70,7 @@ impl std::fmt::Debug for Reply {
 /// takes back; the socket's reader thread takes one to write its answer. Whoever takes
 /// an answerer owns it, so an answer is written once, by one of them.
 #[derive(Default)]
-pub struct Lent(Mutex<HashMap<RequestId, Loan>>);
+pub struct Lent(Mutex<IdMap<Loan>>);
 
 struct Loan {
     answerer: Box<dyn Answerer>,
@@ -121,8 +121,8 @@ impl Lent {
 /// back first (a requeue); when that socket's reader already wrote the answer, nobody is
 /// left to tell anything. `dispatch`: the worker's name and when it was sent there.
 pub(super) fn lend(
-    clients: &mut HashMap<RequestId, Reply>,
-    links: &HashMap<WorkerId, Arc<WorkerLink>>,
+    clients: &mut IdMap<Reply>,
+    links: &IdMap<Arc<WorkerLink>>,
     worker: WorkerId,
     wire: &str,
     dispatch: (&str, Instant),
@@ -146,8 +146,8 @@ pub(super) fn lend(
 /// Takes a lent answerer back from its socket; false when that socket's reader has it
 /// (it wrote the answer).
 pub(super) fn take_back(
-    clients: &mut HashMap<RequestId, Reply>,
-    links: &HashMap<WorkerId, Arc<WorkerLink>>,
+    clients: &mut IdMap<Reply>,
+    links: &IdMap<Arc<WorkerLink>>,
     id: RequestId,
 ) -> bool {
     let Some(Reply::Lent(worker)) = clients.get(&id) else {
@@ -163,7 +163,7 @@ pub(super) fn take_back(
 }
 
 /// Takes back everything lent to a socket that is going away.
-pub(super) fn take_back_all(clients: &mut HashMap<RequestId, Reply>, link: &WorkerLink) {
+pub(super) fn take_back_all(clients: &mut IdMap<Reply>, link: &WorkerLink) {
     for (id, answerer) in link.answers.take_all() {
         clients.insert(id, Reply::Direct(answerer));
     }
@@ -214,8 +214,8 @@ mod tests {
     fn a_direct_answerer_is_lent_taken_back_and_lost_to_the_reader() {
         let id: RequestId = 7;
         let wire = super::super::wire_request_id(id);
-        let links: HashMap<WorkerId, Arc<WorkerLink>> = [(1, link()), (2, link())].into();
-        let mut clients = HashMap::new();
+        let links: IdMap<Arc<WorkerLink>> = [(1, link()), (2, link())].into_iter().collect();
+        let mut clients = IdMap::default();
         clients.insert(id, Reply::Direct(Box::new(Counting(0))));
         lend(&mut clients, &links, 1, &wire, ("w1", Instant::now()));
         assert!(matches!(clients.get(&id), Some(Reply::Lent(1))));
@@ -236,8 +236,8 @@ mod tests {
 
     #[test]
     fn a_socket_going_away_gives_back_all_it_was_lent() {
-        let links: HashMap<WorkerId, Arc<WorkerLink>> = [(1, link())].into();
-        let mut clients = HashMap::new();
+        let links: IdMap<Arc<WorkerLink>> = [(1, link())].into_iter().collect();
+        let mut clients = IdMap::default();
         for id in [3, 4] {
             clients.insert(id, Reply::Direct(Box::new(Counting(0))));
             let wire = super::super::wire_request_id(id);

@@ -3,7 +3,7 @@
 //! sending on the right channel. It sleeps until the next event or the nearest deadline;
 //! there is no polling interval.
 
-use std::collections::HashMap;
+use super::ids::IdMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -197,7 +197,7 @@ pub fn run(
     sleepers: crate::server::power::SleeperStore,
 ) {
     let mut sleepers_version = core.sleepers().version();
-    let mut clients: HashMap<RequestId, Reply> = HashMap::new();
+    let mut clients: IdMap<Reply> = IdMap::default();
     let mut workers = Links::default();
     let mut models_version = u64::MAX;
     // One buffer for every batch's actions (emptied as they are carried out).
@@ -255,7 +255,7 @@ pub fn run(
 fn take(
     core: &mut Dispatcher,
     input: Input,
-    clients: &mut HashMap<RequestId, Reply>,
+    clients: &mut IdMap<Reply>,
     workers: &mut Links,
     now: Instant,
     actions: &mut Vec<Action>,
@@ -273,11 +273,7 @@ fn take(
     }
 }
 
-fn route_input(
-    input: Input,
-    clients: &mut HashMap<RequestId, Reply>,
-    workers: &mut Links,
-) -> Event {
+fn route_input(input: Input, clients: &mut IdMap<Reply>, workers: &mut Links) -> Event {
     match input {
         Input::Submit {
             id,
@@ -467,10 +463,10 @@ fn sleeper_infos(core: &Dispatcher) -> Vec<SleeperInfo> {
 
 /// The worker sockets' sending halves. Dropping it (the dispatcher stops) closes them.
 #[derive(Default)]
-struct Links(HashMap<WorkerId, Arc<WorkerLink>>);
+struct Links(IdMap<Arc<WorkerLink>>);
 
 impl std::ops::Deref for Links {
-    type Target = HashMap<WorkerId, Arc<WorkerLink>>;
+    type Target = IdMap<Arc<WorkerLink>>;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -495,7 +491,7 @@ impl Drop for Links {
 /// its socket is closed), so a burst costs one `send` per socket.
 fn execute(
     actions: &mut Vec<Action>,
-    clients: &mut HashMap<RequestId, Reply>,
+    clients: &mut IdMap<Reply>,
     workers: &mut Links,
     core: &Dispatcher,
     now: Instant,

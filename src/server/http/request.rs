@@ -6,7 +6,7 @@
 //! on header and body size, an idle timeout between requests and a deadline for a slow
 //! client to finish sending its head.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::SocketAddr;
 
 use std::sync::Arc;
@@ -181,10 +181,7 @@ impl Conn {
         {
             self.read_timeout = Some(timeout);
         }
-        let mut chunk = [0u8; READ_CHUNK];
-        let n = self.stream.read(&mut chunk)?;
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(n)
+        self.stream.read_append(&mut self.buf, READ_CHUNK)
     }
 
     pub fn read_request(&mut self, limits: &Limits) -> Result<Request, ReadError> {
