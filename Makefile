@@ -52,7 +52,7 @@ features = $(if $(strip $(1)),--features $(subst $(space),$(comma),$(strip $(1))
 # `make dist`: one tarball per target in dist/, plus SHA256SUMS.
 DIST_TARGETS ?= x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf x86_64-pc-windows-gnu
 
-.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-orig interop bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store bench-profile bench-allocs
+.PHONY: build release static size dist run docs test test-rust test-browser test-cross test-packaging chaos fuzz soak scale bench bench-compare bench-orig interop bench-queue bench-usage bench-usage-stream bench-dashboard bench-failover bench-affinity bench-affinity-sim install uninstall clean lint bench-binary bench-ha bench-resume bench-store bench-profile bench-allocs bench-instructions
 
 build:
 	$(CARGO) build
@@ -154,6 +154,12 @@ bench-profile:
 bench-allocs:
 	$(CARGO) build --release --bins --example bench
 	contrib/allocs.sh $(or $(BIN_DIR),target/release) $(or $(CLIENTS),64)
+
+# User-space instructions per request in the server and the worker (valgrind callgrind;
+# repeatable where CPU time is not): `make bench-instructions [BASE=other/target/release]`.
+bench-instructions:
+	$(CARGO) build --release --bins --example demo_backend
+	contrib/instructions.sh $(BASE) target/release
 
 # Two builds back to back, alternating, RUNS times (default 5); the median of every figure
 # per build: `make bench-compare BASE=../other/target/release` (NEW defaults to this

@@ -56,6 +56,8 @@
 //!   [`pieces::FEATURE_BODY_PIECES`]). `answer_credit` (server → worker): how far a
 //!   binary answer may run ahead of the client (feature
 //!   [`pieces::FEATURE_ANSWER_CREDIT`]).
+//! * A whole `response_complete` as one binary message, its body unescaped; see
+//!   [`raw_bodies`] (feature [`raw_bodies::FEATURE_RAW_BODIES`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -70,6 +72,7 @@ pub mod lifecycle;
 mod parse;
 pub mod pieces;
 pub mod power;
+pub mod raw_bodies;
 pub mod size;
 use crate::power::WakeAddress;
 use lifecycle::{ModelOperation, OperationStatus, WorkerStatus};

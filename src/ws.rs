@@ -84,12 +84,23 @@ impl<S: Read + Write> Writer<S> {
         if text.len() <= FRAME_BYTES {
             return self.ctx.write(&mut self.stream, Message::text(text));
         }
-        let bytes = text.into_bytes();
+        self.fragments(text.into_bytes(), Data::Text)
+    }
+
+    /// Queues a binary message, fragmenting it when large. Call [`Writer::flush`] after.
+    pub fn binary(&mut self, bytes: Vec<u8>) -> tungstenite::Result<()> {
+        if bytes.len() <= FRAME_BYTES {
+            return self.ctx.write(&mut self.stream, Message::binary(bytes));
+        }
+        self.fragments(bytes, Data::Binary)
+    }
+
+    fn fragments(&mut self, bytes: Vec<u8>, kind: Data) -> tungstenite::Result<()> {
         let parts: Vec<&[u8]> = bytes.chunks(FRAME_BYTES).collect();
         let last = parts.len() - 1;
         for (i, part) in parts.into_iter().enumerate() {
             let opcode = if i == 0 {
-                OpCode::Data(Data::Text)
+                OpCode::Data(kind)
             } else {
                 OpCode::Data(Data::Continue)
             };
@@ -127,6 +138,15 @@ impl<S: Read + Write> Writer<S> {
 /// Appends `payload` as the unmasked text frames a server sends: one frame, or
 /// fragments of at most [`FRAME_BYTES`] when it is larger.
 pub fn server_frames(out: &mut Vec<u8>, payload: &[u8]) {
+    server_message(out, payload, Data::Text);
+}
+
+/// [`server_frames`] for a binary message.
+pub fn server_binary_frames(out: &mut Vec<u8>, payload: &[u8]) {
+    server_message(out, payload, Data::Binary);
+}
+
+fn server_message(out: &mut Vec<u8>, payload: &[u8], kind: Data) {
     use tungstenite::protocol::frame::FrameHeader;
     let frames = payload.len().div_ceil(FRAME_BYTES).max(1);
     out.reserve(payload.len() + 10 * frames);
@@ -135,7 +155,7 @@ pub fn server_frames(out: &mut Vec<u8>, payload: &[u8]) {
         let header = FrameHeader {
             is_final: i + 1 == frames,
             opcode: if i == 0 {
-                OpCode::Data(Data::Text)
+                OpCode::Data(kind)
             } else {
                 OpCode::Data(Data::Continue)
             },

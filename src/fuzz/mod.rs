@@ -155,6 +155,32 @@ pub fn server_message(data: &[u8]) {
     }
 }
 
+/// A binary message as the server (an answer) or the worker (a request) reads it: what
+/// reads back goes out again as the same bytes.
+fn raw_body(data: &[u8], role: Role) {
+    use crate::protocol::raw_bodies;
+    match role {
+        Role::Server => {
+            if let Ok(WorkerMessage::ResponseComplete(done)) = raw_bodies::decode_answer(data) {
+                let again = raw_bodies::encode_answer(&done).expect("an answer with a body");
+                assert_eq!(
+                    raw_bodies::decode_answer(&again).ok(),
+                    Some(WorkerMessage::ResponseComplete(done))
+                );
+            }
+        }
+        Role::Client => {
+            if let Ok(ServerMessage::Request(req)) = raw_bodies::decode_request(data) {
+                let again = raw_bodies::encode_request(&req).expect("a request");
+                assert_eq!(
+                    raw_bodies::decode_request(&again).ok(),
+                    Some(ServerMessage::Request(req))
+                );
+            }
+        }
+    }
+}
+
 /// Frames as a server (masked, from a worker) or as a worker (unmasked) reads them.
 pub fn ws_frames(data: &[u8]) {
     let Some((first, rest)) = data.split_first() else {
@@ -176,7 +202,10 @@ pub fn ws_frames(data: &[u8]) {
                     Role::Client => server_message(text.as_bytes()),
                 }
             }
-            Ok(Message::Binary(b)) => assert!(b.len() <= WS_LIMIT),
+            Ok(Message::Binary(b)) => {
+                assert!(b.len() <= WS_LIMIT, "a {} byte message", b.len());
+                raw_body(&b, role);
+            }
             Ok(_) => {}
             Err(_) => return,
         }

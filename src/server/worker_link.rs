@@ -17,7 +17,7 @@ use tungstenite::protocol::Role;
 
 use super::dispatcher::reply::Lent;
 use crate::net::Stream;
-use crate::protocol::ServerMessage;
+use crate::protocol::{raw_bodies, ServerMessage};
 use crate::ws::{self, Writer};
 
 pub struct WorkerLink {
@@ -28,6 +28,9 @@ pub struct WorkerLink {
     stream: Stream,
     /// Whole answers this socket's reader writes when they arrive (`dispatcher/reply.rs`).
     pub answers: Lent,
+    /// The worker listed [`raw_bodies::FEATURE_RAW_BODIES`]: requests go to it as binary
+    /// messages, their bodies unescaped.
+    pub raw_bodies: bool,
 }
 
 impl std::fmt::Debug for WorkerLink {
@@ -49,19 +52,20 @@ struct State {
 }
 
 impl WorkerLink {
-    pub fn new(stream: Stream) -> WorkerLink {
+    pub fn new(stream: Stream, raw_bodies: bool) -> WorkerLink {
         WorkerLink {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             stream,
             answers: Lent::default(),
+            raw_bodies,
         }
     }
 
     /// Frames and sends one message.
     pub fn send(&self, msg: &ServerMessage) {
         let mut frames = Vec::new();
-        push_message(&mut frames, msg);
+        push_message(&mut frames, msg, self.raw_bodies);
         self.send_frames(frames);
     }
 
@@ -143,8 +147,15 @@ impl WorkerLink {
     }
 }
 
-/// Appends `msg` as the server's (unmasked) text frames.
-pub fn push_message(out: &mut Vec<u8>, msg: &ServerMessage) {
+/// Appends `msg` as the server's (unmasked) frames: text, or binary for a request to a
+/// worker that reads bodies unescaped (`raw_bodies`).
+pub fn push_message(out: &mut Vec<u8>, msg: &ServerMessage, raw_bodies: bool) {
+    if let (ServerMessage::Request(req), true) = (msg, raw_bodies) {
+        if let Some(bytes) = raw_bodies::encode_request(req) {
+            ws::server_binary_frames(out, &bytes);
+            return;
+        }
+    }
     let text = crate::protocol::to_json_sized(msg, msg.text_hint());
     ws::server_frames(out, text.as_bytes());
 }
@@ -188,7 +199,7 @@ mod tests {
     #[test]
     fn inline_and_queued_frames_arrive_whole_and_in_order() {
         let (ours, peer) = pair();
-        let link = std::sync::Arc::new(WorkerLink::new(ours.try_clone().unwrap()));
+        let link = std::sync::Arc::new(WorkerLink::new(ours.try_clone().unwrap(), false));
         let writer = {
             let link = link.clone();
             std::thread::spawn(move || link.write_loop(ours, 1 << 20, Duration::from_secs(5)))
@@ -212,7 +223,7 @@ mod tests {
     #[test]
     fn close_goes_out_after_the_queue_and_later_sends_are_dropped() {
         let (ours, mut peer) = pair();
-        let link = std::sync::Arc::new(WorkerLink::new(ours.try_clone().unwrap()));
+        let link = std::sync::Arc::new(WorkerLink::new(ours.try_clone().unwrap(), false));
         link.send(&cancel("a".into()));
         link.close(ws::close_code::NORMAL, "drained".into());
         link.send(&cancel("b".into()));

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use log::{info, warn};
 use tungstenite::protocol::{Role, WebSocketContext};
 use tungstenite::Message;
 
@@ -25,7 +25,7 @@ use super::reply::write_error;
 use super::worker_link::WorkerLink;
 use super::Ctx;
 use crate::net::Stream;
-use crate::protocol::{RegisterMessage, WorkerMessage};
+use crate::protocol::{raw_bodies, RegisterMessage, WorkerMessage};
 use crate::ws::{self, close_code, ReadHalf, Writer};
 
 /// How long a new socket may take to send `register`.
@@ -112,7 +112,11 @@ fn serve(stream: Stream, leftover: Vec<u8>, ctx: &Ctx, remote: String) {
     let Ok(send_stream) = stream.try_clone() else {
         return;
     };
-    let link = Arc::new(WorkerLink::new(send_stream));
+    let raw_bodies = register
+        .features
+        .iter()
+        .any(|f| f == raw_bodies::FEATURE_RAW_BODIES);
+    let link = Arc::new(WorkerLink::new(send_stream, raw_bodies));
     let writer = link.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("worker-w{id}-tx"))
@@ -173,29 +177,31 @@ fn read_loop(
         if let Some(bytes) = reader.take_pending() {
             link.send_frames(bytes);
         }
-        match result {
-            Ok(Message::Text(text)) => match WorkerMessage::parse(&text) {
-                Ok(msg) => {
-                    answer_lent(link, &msg);
-                    if ctx
-                        .inputs
-                        .send(Input::Event(Event::WorkerSaid(id, msg)))
-                        .is_err()
-                    {
-                        return "server stopping".into();
-                    }
-                }
-                Err(e) => warn!("worker w-{id} sent an unusable message ({e}); ignored"),
-            },
-            Ok(Message::Binary(_)) => debug!("worker w-{id} sent a binary frame; ignored"),
+        let parsed = match result {
+            Ok(Message::Text(text)) => WorkerMessage::parse(&text),
+            // The only binary message: a whole answer, unescaped (`protocol/raw_bodies.rs`).
+            Ok(Message::Binary(bytes)) => raw_bodies::decode_answer(&bytes),
             Ok(Message::Close(frame)) => {
                 return match frame {
                     Some(f) if !f.reason.is_empty() => format!("closed by worker: {}", f.reason),
                     _ => "closed by worker".into(),
                 }
             }
-            Ok(_) => {}
+            Ok(_) => continue,
             Err(e) => return format!("socket error: {e}"),
+        };
+        match parsed {
+            Ok(msg) => {
+                answer_lent(link, &msg);
+                if ctx
+                    .inputs
+                    .send(Input::Event(Event::WorkerSaid(id, msg)))
+                    .is_err()
+                {
+                    return "server stopping".into();
+                }
+            }
+            Err(e) => warn!("worker w-{id} sent an unusable message ({e}); ignored"),
         }
     }
 }

@@ -159,6 +159,8 @@ pub struct FakeWorker {
     pub worker_id: String,
     pub ack: ServerMessage,
     seen: Receiver<Seen>,
+    /// Requests that came as binary messages (`raw_bodies`), read back into `seen`.
+    binary: Arc<std::sync::atomic::AtomicUsize>,
     writer: Arc<Mutex<Writer<TcpStream>>>,
     stream: TcpStream,
 }
@@ -229,6 +231,8 @@ impl FakeWorker {
         let (tx, seen) = crossbeam_channel::unbounded();
         let mut reader = ReadHalf::new(stream.try_clone().expect("clone"));
         let reply_writer = writer.clone();
+        let binary = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let binary_seen = binary.clone();
         std::thread::spawn(move || {
             let mut ctx = WebSocketContext::new(Role::Client, Some(ws::config(64 << 20)));
             loop {
@@ -239,6 +243,14 @@ impl FakeWorker {
                 match result {
                     Ok(Message::Text(t)) => {
                         let msg = ServerMessage::parse(&t).expect("server sent valid JSON");
+                        if tx.send(Seen::Msg(msg)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Message::Binary(b)) => {
+                        let msg = modelrelay::protocol::raw_bodies::decode_request(&b)
+                            .expect("server sent a readable binary request");
+                        binary_seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         if tx.send(Seen::Msg(msg)).is_err() {
                             return;
                         }
@@ -261,6 +273,7 @@ impl FakeWorker {
             worker_id: String::new(),
             ack: ServerMessage::Unknown(String::new()),
             seen,
+            binary,
             writer,
             stream,
         }
@@ -290,6 +303,18 @@ impl FakeWorker {
         let mut w = self.writer.lock();
         let _ = w.text(text.to_string());
         let _ = w.flush();
+    }
+
+    /// Sends a binary message (a `raw_bodies` answer, or junk).
+    pub fn send_binary(&self, bytes: Vec<u8>) {
+        let mut w = self.writer.lock();
+        let _ = w.binary(bytes);
+        let _ = w.flush();
+    }
+
+    /// How many requests came as binary messages so far.
+    pub fn binary_requests(&self) -> usize {
+        self.binary.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Writes raw bytes on the socket (for broken frames).

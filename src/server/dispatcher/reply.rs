@@ -207,7 +207,7 @@ mod tests {
     fn link() -> Arc<WorkerLink> {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let ours = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        Arc::new(WorkerLink::new(crate::net::Stream::plain(ours)))
+        Arc::new(WorkerLink::new(crate::net::Stream::plain(ours), false))
     }
 
     #[test]

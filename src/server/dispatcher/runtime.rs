@@ -501,10 +501,10 @@ fn execute(
     for action in actions.drain(..) {
         match action {
             Action::ToWorker(id, msg) => {
-                if !workers.contains_key(&id) {
+                let Some(raw_bodies) = workers.get(&id).map(|link| link.raw_bodies) else {
                     // The socket is going away; its WorkerLeft event is on its way to us.
                     continue;
-                }
+                };
                 if let ServerMessage::Request(req) = &msg {
                     let name = core.registry().get(id).map_or("", |w| w.name.as_str());
                     reply::lend(clients, workers, id, &req.request_id, (name, now));
@@ -516,7 +516,7 @@ fn execute(
                         frames.len() - 1
                     }
                 };
-                worker_link::push_message(&mut frames[at].1, &msg);
+                worker_link::push_message(&mut frames[at].1, &msg, raw_bodies);
             }
             Action::CloseWorker(id, reason) => {
                 if let Some(at) = frames.iter().position(|(w, _)| *w == id) {

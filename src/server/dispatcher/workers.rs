@@ -58,6 +58,7 @@ impl Dispatcher {
             protocol::affinity::FEATURE_AFFINITY_REPORTS,
             protocol::held::FEATURE_HELD_STREAMS,
             protocol::pieces::FEATURE_ANSWER_CREDIT,
+            protocol::raw_bodies::FEATURE_RAW_BODIES,
         ]
         .into_iter()
         .filter(|f| reg.features.iter().any(|g| g == f))

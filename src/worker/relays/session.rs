@@ -5,6 +5,7 @@
 //! A server silent for three of its ping intervals ends the session ([`Silence`]): a
 //! black-holed connection delivers no close.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use tungstenite::Message;
 
 use crate::net::Stream;
 use crate::protocol::lifecycle::{WorkerStatus, FEATURE_LIFECYCLE};
-use crate::protocol::{self, RegisterMessage, ServerMessage, WorkerMessage};
+use crate::protocol::{self, raw_bodies, RegisterMessage, ServerMessage, WorkerMessage};
 use crate::worker::health::{self, Told};
 use crate::worker::{Control, Shared};
 use crate::ws::{self, close_code, ReadHalf, Writer};
@@ -26,6 +27,9 @@ pub type Out = Arc<SessionWriter>;
 pub struct SessionWriter {
     /// `None` once the socket failed or was closed.
     writer: Mutex<Option<Writer<Stream>>>,
+    /// The server listed [`raw_bodies::FEATURE_RAW_BODIES`]: whole answers go as binary
+    /// messages.
+    raw_bodies: AtomicBool,
 }
 
 impl SessionWriter {
@@ -33,11 +37,19 @@ impl SessionWriter {
         let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
         SessionWriter {
             writer: Mutex::new(Some(Writer::new(stream, Role::Client, max))),
+            raw_bodies: AtomicBool::new(false),
         }
     }
 
     /// Sends one message; false if the session is gone.
     pub fn send(&self, msg: &WorkerMessage) -> bool {
+        if let WorkerMessage::ResponseComplete(done) = msg {
+            if self.raw_bodies.load(Ordering::Relaxed) {
+                if let Some(bytes) = raw_bodies::encode_answer(done) {
+                    return self.with(|w| w.binary(bytes).and_then(|_| w.flush()));
+                }
+            }
+        }
         let text = protocol::to_json_sized(msg, msg.text_hint());
         self.with(|w| w.text(text).and_then(|_| w.flush()))
     }
@@ -162,6 +174,8 @@ pub fn run(stream: Stream, shared: &Arc<Shared>, relay: usize) -> End {
         ack.models
     );
     let has = |feature: &str| ack.features.iter().any(|f| f == feature);
+    out.raw_bodies
+        .store(has(raw_bodies::FEATURE_RAW_BODIES), Ordering::Relaxed);
     let link = Link {
         out: out.clone(),
         relay,
@@ -232,6 +246,7 @@ fn register_message(shared: &Shared) -> RegisterMessage {
         protocol::binary::FEATURE_BINARY_BODIES.into(),
         protocol::pieces::FEATURE_BODY_PIECES.into(),
         protocol::pieces::FEATURE_ANSWER_CREDIT.into(),
+        raw_bodies::FEATURE_RAW_BODIES.into(),
         // Understood whatever the backend; the server sends continuations only to
         // workers whose backend kind can go on from a prefix.
         protocol::continuation::FEATURE_CONTINUATION.into(),
@@ -276,6 +291,11 @@ fn next_message(
         }
         match result {
             Ok(Message::Text(text)) => match ServerMessage::parse(&text) {
+                Ok(msg) => return Ok(msg),
+                Err(e) => warn!("server sent an unusable message ({e}); ignored"),
+            },
+            // The only binary message: a request, its body unescaped (`raw_bodies`).
+            Ok(Message::Binary(bytes)) => match raw_bodies::decode_request(&bytes) {
                 Ok(msg) => return Ok(msg),
                 Err(e) => warn!("server sent an unusable message ({e}); ignored"),
             },
