@@ -15,10 +15,10 @@
 //!
 //! The routing policy that reads this lives in `routing.rs`.
 
-use super::ids::IdMap;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::ids::IdMap;
 use super::WorkerId;
 
 /// Fingerprints remembered per worker (across its models).

@@ -22,11 +22,11 @@
 //! A request's [`Place`] (class, tag, arrival order) is handed back when it leaves the
 //! queue for a worker; a requeue restores it, so the request goes back where it stood.
 
-use super::ids::IdMap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::ids::IdMap;
 use super::RequestId;
 use crate::protocol::RequestMessage;
 

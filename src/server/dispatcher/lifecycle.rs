@@ -12,12 +12,12 @@
 //! - flush: the named runner, else every operating worker advertising the model, or all
 //!   of them for a flush without a model.
 
-use super::ids::IdMap;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
 
+use super::ids::IdMap;
 use super::registry::{Worker, WorkerId};
 use super::{Action, Dispatcher, Timer};
 use crate::protocol::lifecycle::{ModelOperation, OperationKind, OperationState, OperationStatus};

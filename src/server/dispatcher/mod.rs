@@ -46,7 +46,6 @@ mod stats;
 mod tests;
 mod workers;
 
-use ids::IdMap;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -58,6 +57,7 @@ use crate::protocol::{
 use crate::server::fingerprint::Fingerprints;
 pub use config::{Config, DEFAULT_AFFINITY_WAIT_MS};
 pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
+use ids::IdMap;
 pub use outliers::Health;
 pub use registry::Needs;
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};

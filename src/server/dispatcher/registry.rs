@@ -2,10 +2,10 @@
 //!
 //! Owned by the dispatcher thread; nothing else touches it.
 
-use super::ids::IdSet;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
+use super::ids::IdSet;
 use super::outliers::{Health, Record};
 use crate::protocol::lifecycle::{WorkerStatus, FEATURE_LIFECYCLE};
 use crate::protocol::{ModelInfo, ModelInfoMap};

@@ -6,13 +6,13 @@
 //! reader thread writes the worker's complete answer the moment it arrives. Only the
 //! runtime sees any of this: the state machine names clients by request id alone.
 
-use super::ids::IdMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
+use super::ids::IdMap;
 use super::{ClientEvent, RequestId, WorkerId};
 use crate::protocol::ResponseComplete;
 use crate::server::worker_link::WorkerLink;

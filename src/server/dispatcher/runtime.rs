@@ -3,13 +3,13 @@
 //! sending on the right channel. It sleeps until the next event or the nearest deadline;
 //! there is no polling interval.
 
-use super::ids::IdMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use log::debug;
 
+use super::ids::IdMap;
 use super::lifecycle::{OpRefusal, OperationRequest, TaskView};
 use super::reply::{self, Reply};
 use super::{
