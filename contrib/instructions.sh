@@ -11,7 +11,8 @@
 # For each BIN_DIR (default target/release), and each side in turn: a demo backend, the
 # server and the worker on loopback ports, that side under callgrind, 400 chat requests to
 # warm up, the counters zeroed, then N (default 2000) requests over 4 keep-alive
-# connections, and the count divided by N. Needs valgrind and python3.
+# connections, and the count divided by N. `STREAM=1` asks for streamed answers instead
+# (each read to its end). Needs valgrind and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${N:-2000}
@@ -23,10 +24,11 @@ command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 2
 work=$(mktemp -d /tmp/instructions.XXXXXX)
 
 drive() { # port count: `count` chat requests over 4 keep-alive connections
-  python3 - "$1" "$2" <<'PY'
+  python3 - "$1" "$2" "${STREAM:-0}" <<'PY'
 import http.client, sys, threading
 port, count = int(sys.argv[1]), int(sys.argv[2])
-body = b'{"model":"demo","stream":false,"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}'
+stream = b"true" if sys.argv[3] == "1" else b"false"
+body = b'{"model":"demo","stream":' + stream + b',"max_tokens":16,"messages":[{"role":"user","content":"hello"}]}'
 failed = []
 def run(k):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -81,7 +83,7 @@ count() { # bin_dir side
   echo $((total / n))
 }
 
-printf '%-40s %14s %14s\n' "build ($n requests)" "server Ir/req" "worker Ir/req"
+printf '%-40s %14s %14s\n' "build ($n requests, stream: ${STREAM:-0})" "server Ir/req" "worker Ir/req"
 for d in "${dirs[@]}"; do
   printf '%-40s %14s %14s\n' "$d" "$(count "$d" server)" "$(count "$d" worker)"
 done

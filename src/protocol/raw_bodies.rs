@@ -3,9 +3,9 @@
 //! A request's body and an answer's body are JSON themselves, and in the text messages
 //! they travel as JSON strings: every quote escaped by the sender and unescaped by the
 //! receiver, the body cut into a fragment at each one. For a chat request that was about
-//! a fifth of the instructions the server and the worker spent on it (callgrind, `make
-//! bench-instructions`). Between sides that both listed the feature, a `request` and a
-//! whole `response_complete` go as one binary WebSocket message instead:
+//! one in seven of the instructions the server and the worker spent on it (callgrind,
+//! `make bench-instructions`). Between sides that both listed the feature, a `request`
+//! and a whole `response_complete` go as one binary WebSocket message instead:
 //!
 //! ```text
 //! head length (4 bytes, big-endian) | head | body
