@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
@@ -28,23 +28,6 @@ fn chat_request(model: &str, extra: &str) -> Vec<u8> {
         body.len()
     )
     .into_bytes()
-}
-
-/// Reads one length-framed response, leaving what follows in `reader`.
-fn read_one(reader: &mut impl BufRead) -> Response {
-    let (status, headers) = read_head(reader);
-    let len: usize = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .map(|(_, v)| v.parse().expect("length"))
-        .expect("a length-framed answer");
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).expect("body");
-    Response {
-        status,
-        headers,
-        body,
-    }
 }
 
 /// The value of one series in `/metrics`, 0 when it is absent.
@@ -71,7 +54,7 @@ fn answers_on_one_connection_carry_their_own_ids_and_are_counted() {
         client.write_all(&chat_request("m", "")).unwrap();
         let req = worker.request();
         worker.complete(&req.request_id, 200, &format!("answer {i}"));
-        let r = read_one(&mut reader);
+        let r = read_length_framed(&mut reader);
         assert_eq!(r.status, 200);
         assert_eq!(r.text(), format!("answer {i}"));
         assert_eq!(r.header("x-request-id"), Some(req.request_id.as_str()));
@@ -99,8 +82,8 @@ fn pipelined_requests_are_answered_in_order() {
     let second = worker.request();
     worker.complete(&second.request_id, 200, "two");
     let mut reader = BufReader::new(client);
-    let a = read_one(&mut reader);
-    let b = read_one(&mut reader);
+    let a = read_length_framed(&mut reader);
+    let b = read_length_framed(&mut reader);
     assert_eq!((a.text(), b.text()), ("one".into(), "two".into()));
     assert_eq!(a.header("x-request-id"), Some(first.request_id.as_str()));
     assert_eq!(b.header("x-request-id"), Some(second.request_id.as_str()));
@@ -131,7 +114,10 @@ fn a_client_leaving_before_its_answer_cancels_it_and_is_counted() {
     client.write_all(&chat_request("m", "")).unwrap();
     let next = worker.request();
     worker.complete(&next.request_id, 200, "fresh");
-    assert_eq!(read_one(&mut BufReader::new(client)).text(), "fresh");
+    assert_eq!(
+        read_length_framed(&mut BufReader::new(client)).text(),
+        "fresh"
+    );
 }
 
 #[test]
@@ -147,13 +133,13 @@ fn an_answer_larger_than_the_socket_takes_arrives_whole_and_the_connection_stays
     client.write_all(&chat_request("m", "")).unwrap();
     let req = worker.request();
     worker.complete(&req.request_id, 200, &big);
-    let r = read_one(&mut reader);
+    let r = read_length_framed(&mut reader);
     assert_eq!(r.status, 200);
     assert!(r.body == big.as_bytes(), "the answer arrived changed");
     client.write_all(&chat_request("m", "")).unwrap();
     let req = worker.request();
     worker.complete(&req.request_id, 200, "small");
-    assert_eq!(read_one(&mut reader).text(), "small");
+    assert_eq!(read_length_framed(&mut reader).text(), "small");
     wait_until("both answers counted", || {
         let n = counted(server.addr, OK_2XX);
         (n == 2.0, format!("{n} counted"))
@@ -173,11 +159,11 @@ fn the_idle_timeout_counts_from_the_answer_not_from_the_request() {
     // The scenario, not a synchronisation: a generation that outlasts the idle time.
     std::thread::sleep(idle * 2);
     worker.complete(&req.request_id, 200, "slow");
-    assert_eq!(read_one(&mut reader).text(), "slow");
+    assert_eq!(read_length_framed(&mut reader).text(), "slow");
     client.write_all(&chat_request("m", "")).unwrap();
     let req = worker.request();
     worker.complete(&req.request_id, 200, "again");
-    assert_eq!(read_one(&mut reader).text(), "again");
+    assert_eq!(read_length_framed(&mut reader).text(), "again");
     // Then left idle, the connection is closed by the server (not by our read timeout).
     let mut rest = Vec::new();
     assert_eq!(reader.read_to_end(&mut rest).unwrap(), 0);
@@ -226,7 +212,7 @@ fn a_requeue_that_runs_out_is_answered_on_the_same_connection() {
         w.kill();
         w.closed();
     }
-    let r = read_one(&mut BufReader::new(client));
+    let r = read_length_framed(&mut BufReader::new(client));
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["error"]["code"], "requeue_exhausted");
 }
@@ -244,12 +230,12 @@ fn a_worker_lost_before_its_answer_hands_the_request_to_the_next_one() {
     assert_eq!(again.request_id, first.request_id);
     b.complete(&again.request_id, 200, "from b");
     let mut reader = BufReader::new(client.try_clone().unwrap());
-    let r = read_one(&mut reader);
+    let r = read_length_framed(&mut reader);
     assert_eq!((r.status, r.text()), (200, "from b".to_string()));
     client.write_all(&chat_request("m", "")).unwrap();
     let next = b.request();
     b.complete(&next.request_id, 200, "next");
-    assert_eq!(read_one(&mut reader).text(), "next");
+    assert_eq!(read_length_framed(&mut reader).text(), "next");
 }
 
 #[test]
@@ -264,7 +250,7 @@ fn a_request_timeout_on_a_worker_is_answered_once_and_a_late_answer_dropped() {
         ServerMessage::Cancel { request_id, .. } => assert_eq!(request_id, req.request_id),
         other => panic!("expected the timeout's cancel, got {other:?}"),
     }
-    let r = read_one(&mut reader);
+    let r = read_length_framed(&mut reader);
     assert_eq!(r.status, 504, "{}", r.text());
     // The worker answers anyway: nothing more reaches the client, whose next request
     // gets its own answer.
@@ -272,7 +258,7 @@ fn a_request_timeout_on_a_worker_is_answered_once_and_a_late_answer_dropped() {
     client.write_all(&chat_request("m", "")).unwrap();
     let next = worker.request();
     worker.complete(&next.request_id, 200, "next");
-    let r = read_one(&mut reader);
+    let r = read_length_framed(&mut reader);
     assert_eq!(r.text(), "next");
     assert_eq!(r.header("x-request-id"), Some(next.request_id.as_str()));
 }

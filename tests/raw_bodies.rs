@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 
 use common::*;
@@ -60,22 +60,7 @@ fn keep_alive_chat(addr: SocketAddr) -> (TcpStream, std::thread::JoinHandle<Resp
     stream.write_all(head.as_bytes()).unwrap();
     stream.write_all(BODY.as_bytes()).unwrap();
     let reading = stream.try_clone().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut reader = BufReader::new(reading);
-        let (status, headers) = read_head(&mut reader);
-        let len: usize = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .map(|(_, v)| v.parse().expect("length"))
-            .expect("a length-framed answer");
-        let mut body = vec![0; len];
-        reader.read_exact(&mut body).unwrap();
-        Response {
-            status,
-            headers,
-            body,
-        }
-    });
+    let reader = std::thread::spawn(move || read_length_framed(&mut BufReader::new(reading)));
     (stream, reader)
 }
 

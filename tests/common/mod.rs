@@ -514,6 +514,24 @@ pub fn send_request(
     stream
 }
 
+/// Reads one length-framed response, leaving what follows in `reader` (a keep-alive
+/// connection's next answer).
+pub fn read_length_framed(reader: &mut impl BufRead) -> Response {
+    let (status, headers) = read_head(reader);
+    let len: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .map(|(_, v)| v.parse().expect("length"))
+        .expect("a length-framed answer");
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).expect("body");
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
 /// Reads a whole response (content-length, chunked, or until close).
 pub fn read_response(stream: &mut TcpStream) -> Response {
     let mut reader = BufReader::new(stream);

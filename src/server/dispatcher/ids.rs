@@ -1,4 +1,5 @@
-//! Maps and sets keyed by the relay's own ids ([`RequestId`], [`WorkerId`], task ids).
+//! The relay's own ids: request ids as the wire shows them, and the maps and sets keyed by
+//! them ([`RequestId`], [`WorkerId`], task ids).
 //!
 //! The standard `HashMap` hashes with SipHash, which resists keys chosen to collide: the
 //! right default for anything a client names. These keys are counters the relay hands
@@ -42,6 +43,24 @@ impl Hasher for IdHasher {
             self.write_u64(u64::from(*b));
         }
     }
+}
+
+/// Renders a request id as sent on the wire and in `X-Request-Id`.
+pub fn wire_request_id(id: super::RequestId) -> String {
+    use std::fmt::Write;
+    // Sized up front: `format!` grew its string twice on the way to 18 bytes.
+    let mut wire = String::with_capacity(18);
+    let _ = write!(wire, "r-{id:016x}");
+    wire
+}
+
+/// Parses a wire request id back; foreign ids are `None`.
+pub fn parse_request_id(wire: &str) -> Option<super::RequestId> {
+    let hex = wire.strip_prefix("r-")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@ use crate::server::fingerprint::Fingerprints;
 pub use config::{Config, DEFAULT_AFFINITY_WAIT_MS};
 pub use fair_queue::{FairQueue, Place, Priority, Who, DEFAULT_TENANT};
 use ids::IdMap;
+pub use ids::{parse_request_id, wire_request_id};
 pub use outliers::Health;
 pub use registry::Needs;
 pub use registry::{sanitize_models, DrainState, Registry, Worker, WorkerId};
@@ -66,24 +67,6 @@ pub use stats::{Counters, Gauges, LiveLoad};
 
 /// Internal request key; the wire id is [`wire_request_id`] of it.
 pub type RequestId = u64;
-
-/// Renders a request id as sent on the wire and in `X-Request-Id`.
-pub fn wire_request_id(id: RequestId) -> String {
-    use std::fmt::Write;
-    // Sized up front: `format!` grew its string twice on the way to 18 bytes.
-    let mut wire = String::with_capacity(18);
-    let _ = write!(wire, "r-{id:016x}");
-    wire
-}
-
-/// Parses a wire request id back; foreign ids are `None`.
-pub fn parse_request_id(wire: &str) -> Option<RequestId> {
-    let hex = wire.strip_prefix("r-")?;
-    if hex.len() != 16 {
-        return None;
-    }
-    u64::from_str_radix(hex, 16).ok()
-}
 
 /// Something that happened, delivered to the dispatcher by the socket threads.
 #[derive(Debug)]
