@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::fake_backend::FakeBackend;
-use super::http_load::throughput;
+use super::http_load::{throughput, Load};
 use super::rows::cpu_rows;
 use super::{chat, spawn_fake_worker, wait_ready, ServerProcess, WorkerProcess, ANSWER, MODEL};
 
@@ -20,6 +20,7 @@ pub fn profile_core(clients: usize, window: Duration) {
     println!("server pid {} at {}", server.pid(), server.addr);
     let load = throughput(server.addr, clients, window, &chat(false), &[server.pid()]);
     println!("requests/s, {clients} clients: {:.0}", load.rps);
+    print_latency(clients, &load);
     cpu_rows(&format!("{clients} clients"), &load, &["server"]);
 }
 
@@ -41,10 +42,14 @@ pub fn profile_e2e(clients: usize, window: Duration) {
     let pids = [server.pid(), worker.pid()];
     let load = throughput(server.addr, clients, window, &chat(false), &pids);
     println!("requests/s, {clients} clients: {:.0}", load.rps);
+    print_latency(clients, &load);
+    cpu_rows(&format!("{clients} clients"), &load, &["server", "worker"]);
+}
+
+fn print_latency(clients: usize, load: &Load) {
     println!(
         "latency p50 / p99, {clients} clients (ms): {:.3} / {:.3}",
         load.latency.p(50).as_secs_f64() * 1e3,
         load.latency.p(99).as_secs_f64() * 1e3
     );
-    cpu_rows(&format!("{clients} clients"), &load, &["server", "worker"]);
 }

@@ -114,7 +114,7 @@ pub fn decode_answer(message: &[u8]) -> Result<WorkerMessage, Malformed> {
         WorkerMessage::ResponseComplete(_) => return Err(bad("head carries a body")),
         _ => return Err(bad("not a response_complete")),
     };
-    done.body = Some(text(body)?);
+    done.body = Some(text(body)?.to_owned());
     Ok(WorkerMessage::ResponseComplete(done))
 }
 
@@ -129,6 +129,7 @@ pub fn decode_request(message: &[u8]) -> Result<ServerMessage, Malformed> {
     if !req.body.is_empty() {
         return Err(bad("head carries a body"));
     }
+    // Straight from the frame's bytes into the shared string: one copy.
     req.body = Arc::from(text(body)?);
     Ok(ServerMessage::Request(Arc::new(req)))
 }
@@ -151,8 +152,8 @@ fn split(message: &[u8]) -> Result<(&str, &[u8]), Malformed> {
     Ok((head, body))
 }
 
-fn text(body: &[u8]) -> Result<String, Malformed> {
-    String::from_utf8(body.to_vec()).map_err(|_| bad("body is not UTF-8"))
+fn text(body: &[u8]) -> Result<&str, Malformed> {
+    std::str::from_utf8(body).map_err(|_| bad("body is not UTF-8"))
 }
 
 #[cfg(test)]
